@@ -1,0 +1,1 @@
+"""Forecasters (baselines, linear AR, LSTM), training, walk-forward evaluation, artifacts."""
