@@ -10,8 +10,13 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 
+from app.cli import evaluate_forecast as _evaluate_forecast  # noqa: F401  (registers commands)
+from app.cli import monitoring as _monitoring  # noqa: F401  (registers commands)
+from app.cli import service as _service  # noqa: F401  (registers commands)
 from app.cli import simulate as _simulate  # noqa: F401  (registers commands)
+from app.cli import train as _train  # noqa: F401  (registers commands)
 from app.cli.root import cli
 from app.errors import AppError
 
@@ -22,5 +27,7 @@ def main() -> None:
     try:
         cli()
     except AppError as exc:
-        Console(stderr=True).print(f"[bold red]error:[/] {exc.detail}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(
+            f"[bold red]error:[/] {escape(exc.detail)}", highlight=False
+        )
         sys.exit(2)

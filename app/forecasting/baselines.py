@@ -24,7 +24,7 @@ class Naive(Forecaster):
 class SeasonalNaive(Forecaster):
     """x_hat_{t+h} = x_{t+h-m} for h <= m: last period repeated."""
 
-    kind = "seasonal_naive"
+    kind = "seasonal-naive"
 
     def __init__(
         self, *, period: int = 50, window: int | None = None, horizon: int = 1, n_channels: int = 1

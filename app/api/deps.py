@@ -1,0 +1,92 @@
+"""The app's state and the typed dependencies routers declare (`SessionDep`, `StateDep`, ...)."""
+
+from __future__ import annotations
+
+import hmac
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sqlalchemy.orm import Session
+
+from app.errors import UnauthorizedError
+from app.metrics import Metrics
+from app.registry import ModelRegistry
+from app.settings import Settings
+from app.storage.db import Database
+from app.streams.engine import StreamEngine
+
+
+@dataclass
+class AppState:
+    """What the lifespan opens and every request may use. One per app, never global."""
+
+    settings: Settings
+    database: Database
+    registry: ModelRegistry
+    metrics: Metrics
+    engine: StreamEngine
+    started_at: datetime
+
+
+STATE_KEY = "twinwatch"  # the key `app.main.LifespanState` yields
+
+
+def get_state(request: Request) -> AppState:
+    state = getattr(request.state, STATE_KEY, None)
+    if not isinstance(state, AppState):
+        raise RuntimeError("the app's lifespan has not run: use create_app() under a server")
+    return state
+
+
+StateDep = Annotated[AppState, Depends(get_state)]
+
+
+def get_settings(state: StateDep) -> Settings:
+    return state.settings
+
+
+def get_registry(state: StateDep) -> ModelRegistry:
+    return state.registry
+
+
+def get_metrics(state: StateDep) -> Metrics:
+    return state.metrics
+
+
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
+MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+
+
+def get_session(state: StateDep) -> Iterator[Session]:
+    """One unit of work per request: committed when the handler returns, rolled back if it
+    raises. Function scope makes the commit happen before the response is sent, so a 2xx
+    answer means the changes are durable."""
+    with state.database.session() as session:
+        yield session
+
+
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def require_token(request: Request, settings: SettingsDep) -> None:
+    """With an API token configured, a write needs `Authorization: Bearer <token>`."""
+    if settings.api_token is None:
+        return
+    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not credentials:
+        raise UnauthorizedError("this endpoint needs an 'Authorization: Bearer <token>' header")
+    expected = settings.api_token.get_secret_value().encode()
+    if not hmac.compare_digest(credentials.strip().encode(), expected):
+        raise UnauthorizedError("the bearer token is not valid")
+
+
+WriteAccess = Depends(require_token)
+"""Put `dependencies=[WriteAccess]` on every route that changes something."""

@@ -1,0 +1,61 @@
+"""Liveness, readiness and the Prometheus scrape endpoint."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+
+from app.api.deps import StateDep
+from app.errors import AppError
+from app.schemas import Health, Ready, problem_responses
+from app.storage.db import DatabaseError
+
+router = APIRouter(tags=["operations"])
+
+
+class NotReadyError(AppError):
+    status = 503
+    title = "Not ready"
+    type_slug = "not-ready"
+
+
+@router.get("/healthz", response_model=Health, summary="The process is alive")
+def healthz() -> Health:
+    return Health()
+
+
+@router.get(
+    "/readyz",
+    response_model=Ready,
+    responses=problem_responses(503),
+    summary="The database answers and the default model is loaded",
+)
+def readyz(state: StateDep) -> Ready:
+    checks: dict[str, str] = {}
+    failing: list[str] = []
+    try:
+        state.database.ping()
+        checks["database"] = "ok"
+    except DatabaseError as exc:
+        checks["database"] = exc.detail
+        failing.append(f"database: {exc.detail}")
+    default = state.settings.default_model
+    if default in state.registry:
+        checks["models"] = f"{len(state.registry)} loaded"
+    else:
+        reason = state.registry.errors.get(default, "no such artifact directory")
+        checks["models"] = f"default model {default!r} not loaded: {reason}"
+        failing.append(f"models: {checks['models']}")
+    if failing:
+        raise NotReadyError("; ".join(failing), checks=checks)
+    return Ready(checks=checks)
+
+
+@router.get(
+    "/metrics",
+    response_class=Response,
+    summary="Prometheus text exposition",
+    responses={200: {"content": {"text/plain": {}}}},
+)
+def metrics(state: StateDep) -> Response:
+    body, content_type = state.metrics.render()
+    return Response(body, media_type=content_type)

@@ -1,0 +1,125 @@
+"""Readings in, forecasts out: `POST /v1/streams/{id}/readings`, `GET /v1/streams/{id}/forecast`.
+
+Handlers are plain `def`: FastAPI runs them in its thread pool, so the forecaster's work never
+blocks the event loop. The engine owns the transaction: a 2xx answer means committed.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import StateDep, WriteAccess
+from app.api.streams import StreamIdPath
+from app.errors import AppError, NotFoundError, PayloadTooLargeError
+from app.schemas import (
+    AlarmOut,
+    ForecastOut,
+    ReadingResult,
+    ReadingsIn,
+    ReadingsOut,
+    problem_responses,
+)
+from app.storage.repositories import streams as stream_repo
+from app.streams.engine import IngestOutcome
+
+router = APIRouter(prefix="/v1/streams", tags=["readings"])
+
+
+def _number(value: float) -> float | None:
+    return None if math.isnan(value) else float(value)
+
+
+def _answer(outcome: IngestOutcome) -> ReadingsOut:
+    results: list[ReadingResult] = []
+    result = outcome.result
+    if result is not None:
+        names = list(result.statistics)
+        columns = [result.statistics[name].tolist() for name in names]
+        forecast = result.forecast.tolist()
+        residual = result.residual.tolist()
+        imputed = result.imputed.tolist()
+        for index, reading in enumerate(outcome.accepted):
+            results.append(
+                ReadingResult(
+                    t=reading.t,
+                    forecast=_number(forecast[index]),
+                    residual=_number(residual[index]),
+                    imputed=imputed[index],
+                    statistics={
+                        name: _number(column[index])
+                        for name, column in zip(names, columns, strict=True)
+                    },
+                )
+            )
+    return ReadingsOut(
+        accepted=len(outcome.accepted),
+        duplicates=outcome.duplicates,
+        results=results,
+        opened=[AlarmOut.of(alarm) for alarm in outcome.opened],
+        closed=[AlarmOut.of(alarm) for alarm in outcome.closed],
+    )
+
+
+@router.post(
+    "/{stream_id}/readings",
+    response_model=ReadingsOut,
+    responses=problem_responses(401, 404, 409, 413, 422, 503),
+    dependencies=[WriteAccess],
+    summary="Ingest a batch of readings",
+)
+def post_readings(stream_id: StreamIdPath, body: ReadingsIn, state: StateDep) -> ReadingsOut:
+    """Process the readings in time order and commit them with the alarms they open or close.
+
+    All or nothing. A re-sent reading (same time, same value) is counted in `duplicates` and not
+    processed again, so retrying a batch is safe; an older reading that was never accepted, or a
+    changed value for an accepted time, is refused with 409 and changes nothing.
+    """
+    started = time.perf_counter()
+    count = len(body.readings)
+    try:
+        if count > state.settings.max_batch:
+            raise PayloadTooLargeError(
+                f"{count} readings in one request; at most {state.settings.max_batch}",
+                reason="too_large",
+            )
+        outcome = state.engine.ingest(stream_id, body.readings)
+    except NotFoundError:
+        raise
+    except AppError as exc:
+        reason = exc.extra.get("reason")
+        if isinstance(reason, str):
+            with state.database.session() as session:
+                known = stream_repo.get(session, stream_id) is not None
+            if known:
+                state.metrics.readings_rejected.labels(stream=stream_id, reason=reason).inc(count)
+        raise
+    answer = _answer(outcome)
+    state.metrics.ingest_duration.observe(time.perf_counter() - started)
+    return answer
+
+
+@router.get(
+    "/{stream_id}/forecast",
+    response_model=ForecastOut,
+    responses=problem_responses(404, 422),
+    summary="Direct multi-step forecast from the stream's current window",
+)
+def get_forecast(
+    stream_id: StreamIdPath,
+    state: StateDep,
+    horizon: int = Query(1, ge=1, description="Steps ahead, 1 to the model's horizon."),
+) -> ForecastOut:
+    with state.database.session() as session:
+        stream = stream_repo.require(session, stream_id)
+        forecast = state.engine.forecast(session, stream, horizon)
+        return ForecastOut(
+            stream=stream_id,
+            model=stream.model_name,
+            after_t=stream.last_t,
+            sample_period_s=stream.sample_period_s,
+            horizon=horizon,
+            forecast=[float(x) for x in forecast],
+        )

@@ -1,0 +1,192 @@
+"""Stream configuration: `PUT/GET/DELETE /v1/streams/{stream_id}` and `GET /v1/streams`.
+
+Readings and forecasts (`POST .../readings`, `GET .../forecast`) live in `app/api/readings.py`
+beside the engine that serves them.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Response, status
+from sqlalchemy.orm import Session
+
+from app.api.deps import AppState, SessionDep, StateDep, WriteAccess, utcnow
+from app.errors import AppError, ConflictError, DataError
+from app.schemas import (
+    STREAM_ID_PATTERN,
+    DetectorLive,
+    StreamConfig,
+    StreamList,
+    StreamLive,
+    StreamOut,
+    problem_responses,
+)
+from app.storage.models import Alarm, Stream
+from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import streams as stream_repo
+
+router = APIRouter(prefix="/v1/streams", tags=["streams"])
+
+StreamIdPath = Annotated[
+    str,
+    Path(
+        pattern=STREAM_ID_PATTERN,
+        description="1-128 characters: letters, digits, '.', '_', '-'; starts alphanumeric.",
+    ),
+]
+
+
+def _detector_overrides(config: StreamConfig) -> dict[str, Any]:
+    return {
+        name: override.model_dump(mode="json", exclude_none=True)
+        for name, override in config.detectors.items()
+    }
+
+
+def _identity(stream: Stream) -> tuple[str, list[str], bool]:
+    """What the stream's accepted readings and state depend on."""
+    return stream.model_name, list(stream.channels), stream.has_reference
+
+
+@router.put(
+    "/{stream_id}",
+    response_model=StreamOut,
+    status_code=status.HTTP_200_OK,
+    responses={201: {"model": StreamOut}, **problem_responses(401, 409, 422)},
+    dependencies=[WriteAccess],
+    summary="Create or update a stream",
+)
+def put_stream(
+    stream_id: StreamIdPath,
+    config: StreamConfig,
+    session: SessionDep,
+    state: StateDep,
+    response: Response,
+) -> StreamOut:
+    """Create the stream (201) or replace its configuration (200).
+
+    The model, the channels and `has_reference` shape the stream's state and stored readings:
+    once it has accepted readings they cannot change (409); delete and re-create it instead.
+    Detector overrides and the sample period can change at any time.
+    """
+    model_name = config.model or state.settings.default_model
+    model = state.registry.require(model_name)
+    channels = list(config.channels) if config.channels is not None else model.channels
+    n_channels = model.forecaster.n_channels
+    if len(channels) != n_channels:
+        raise DataError(
+            f"model {model_name!r} takes {n_channels} channel(s), the stream names {len(channels)}",
+            model=model_name,
+        )
+    overrides = _detector_overrides(config)
+    processor = state.engine.processor_for(model, overrides)  # refuses an unusable monitor
+    now = utcnow()
+    stream = stream_repo.get(session, stream_id, for_update=True)
+    if stream is None:
+        stream = stream_repo.create(
+            session,
+            stream_id=stream_id,
+            model_name=model_name,
+            channels=channels,
+            sample_period_s=config.sample_period_s,
+            has_reference=config.has_reference,
+            detector_overrides=overrides,
+            now=now,
+        )
+        response.status_code = status.HTTP_201_CREATED
+    else:
+        if stream.sample_count > 0 and _identity(stream) != (
+            model_name,
+            channels,
+            config.has_reference,
+        ):
+            raise ConflictError(
+                f"stream {stream_id!r} has accepted {stream.sample_count} readings: its model, "
+                "channels and has_reference cannot change; delete and re-create it",
+                stream=stream_id,
+            )
+        stream = stream_repo.update(
+            session,
+            stream,
+            model_name=model_name,
+            channels=channels,
+            sample_period_s=config.sample_period_s,
+            has_reference=config.has_reference,
+            detector_overrides=overrides,
+            now=now,
+        )
+    state.engine.forget(stream_id)
+    state.metrics.track_stream(stream_id, detectors=list(processor.monitor_config.thresholds()))
+    return StreamOut.of(
+        stream,
+        open_alarms=alarm_repo.list_open(session, stream_id=stream_id),
+        live=_live(state, session, stream),
+    )
+
+
+def _live(state: AppState, session: Session, stream: Stream) -> StreamLive | None:
+    """The engine's view, or None if the stream's model is not loaded any more."""
+    try:
+        live = state.engine.live(session, stream)
+    except AppError:
+        return None
+    engine_state = live.state
+    open_now = {event.detector for event in engine_state.monitor.open_events()}
+    return StreamLive(
+        warmup_remaining=live.processor.warmup_remaining(engine_state),
+        last_forecast=engine_state.last_forecast,
+        last_residual=engine_state.last_residual,
+        detectors={
+            name: DetectorLive(
+                statistic=engine_state.last_statistics.get(name),
+                threshold=detector.threshold,
+                active=name in open_now,
+            )
+            for name, detector in engine_state.monitor.detectors.items()
+        },
+    )
+
+
+@router.get("", response_model=StreamList, summary="All streams")
+def list_streams(session: SessionDep) -> StreamList:
+    open_by_stream: dict[str, list[Alarm]] = defaultdict(list)
+    for alarm in alarm_repo.list_open(session):
+        open_by_stream[alarm.stream_id].append(alarm)
+    return StreamList(
+        items=[
+            StreamOut.of(stream, open_alarms=open_by_stream[stream.id])
+            for stream in stream_repo.list_all(session)
+        ]
+    )
+
+
+@router.get(
+    "/{stream_id}",
+    response_model=StreamOut,
+    responses=problem_responses(404, 422),
+    summary="One stream with its open alarms",
+)
+def get_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) -> StreamOut:
+    stream = stream_repo.require(session, stream_id)
+    return StreamOut.of(
+        stream,
+        open_alarms=alarm_repo.list_open(session, stream_id=stream_id),
+        live=_live(state, session, stream),
+    )
+
+
+@router.delete(
+    "/{stream_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses=problem_responses(401, 404, 422),
+    dependencies=[WriteAccess],
+    summary="Delete a stream with its readings, checkpoint and alarms",
+)
+def delete_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) -> Response:
+    stream_repo.delete(session, stream_id)
+    state.engine.forget(stream_id)
+    state.metrics.forget_stream(stream_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -1,0 +1,75 @@
+"""`twinwatch serve` and `twinwatch db upgrade | downgrade | current`."""
+
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+import typer
+
+from app.cli.root import cli, db_cli
+from app.settings import load_settings
+from app.storage import migrations
+
+
+@cli.command("serve")
+def serve_command(
+    host: Annotated[str | None, typer.Option(help="Interface to bind [TWINWATCH_HOST].")] = None,
+    port: Annotated[int | None, typer.Option(help="Port to bind [TWINWATCH_PORT].")] = None,
+) -> None:
+    """Run the service: one uvicorn worker holding every stream's state."""
+    import uvicorn
+
+    from app.main import create_app
+
+    settings = load_settings()
+    if host is not None or port is not None:
+        settings = settings.model_copy(
+            update={"host": host or settings.host, "port": settings.port if port is None else port}
+        )
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    # One worker: the stream engine's state lives in this process (scale by sharding streams).
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        workers=1,
+    )
+
+
+@db_cli.command("upgrade")
+def db_upgrade_command(
+    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+) -> None:
+    """Migrate the database [TWINWATCH_DATABASE_URL] up to REVISION (default: head)."""
+    settings = load_settings()
+    settings.prepare_directories()
+    migrations.upgrade(settings.database_url, revision)
+    typer.echo(f"database at {_describe(migrations.current(settings.database_url))}")
+
+
+@db_cli.command("downgrade")
+def db_downgrade_command(
+    revision: Annotated[str, typer.Argument(help="Target revision ('base' empties it).")],
+) -> None:
+    """Migrate the database down to REVISION."""
+    settings = load_settings()
+    migrations.downgrade(settings.database_url, revision)
+    typer.echo(f"database at {_describe(migrations.current(settings.database_url))}")
+
+
+@db_cli.command("current")
+def db_current_command() -> None:
+    """Print the database's revision and whether it is the newest."""
+    settings = load_settings()
+    revisions = migrations.current(settings.database_url)
+    head = migrations.head()
+    status = "up to date" if revisions == (head,) else f"head is {head}"
+    typer.echo(f"{_describe(revisions)} ({status})")
+
+
+def _describe(revisions: tuple[str, ...]) -> str:
+    return ", ".join(revisions) if revisions else "base (no schema)"

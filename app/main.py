@@ -1,0 +1,112 @@
+"""The app factory: `create_app(settings)` builds one independent service instance.
+
+The lifespan opens the database (migrating it when configured), loads every model artifact,
+records them in the models table and yields the typed `AppState` that requests reach through
+`app.api.deps`. Nothing here is global, so tests can run several apps side by side.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime
+from typing import TypedDict
+
+import anyio
+from fastapi import FastAPI
+
+from app import __version__
+from app.api import alarms, health, models, readings, streams
+from app.api.deps import AppState
+from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
+from app.metrics import Metrics
+from app.registry import ArtifactLoader, ModelRegistry, default_loader, load_models
+from app.settings import Settings
+from app.storage import migrations
+from app.storage.db import Database
+from app.storage.repositories import model_entries
+from app.storage.repositories import streams as stream_repo
+from app.streams.engine import StreamEngine
+
+log = logging.getLogger(__name__)
+
+
+class LifespanState(TypedDict):
+    twinwatch: AppState
+
+
+def register_models(database: Database, registry: ModelRegistry) -> None:
+    """Record what was loaded, so alarms and audits can name the exact model version."""
+    with database.session() as session:
+        for model in registry:
+            model_entries.upsert(
+                session,
+                name=model.name,
+                version=model.version,
+                kind=model.kind,
+                manifest_sha256=model.manifest_sha256,
+                config=model.forecaster.config(),
+                metrics=model.metrics,
+                thresholds=model.thresholds,
+                loaded_at=model.loaded_at,
+            )
+
+
+def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> AppState:
+    """Everything the lifespan does before serving; blocking, so it runs off the event loop."""
+    settings.prepare_directories()
+    if settings.migrate_on_start:
+        migrations.upgrade(settings.database_url)
+    database = Database(settings.database_url)
+    try:
+        database.ping()
+        started_at = datetime.now(UTC)
+        registry = load_models(settings.models_dir, loaded_at=started_at, loader=loader)
+        if settings.default_model not in registry:
+            log.warning("default model %r is not loaded", settings.default_model)
+        register_models(database, registry)
+        metrics.set_models(registry)
+        with database.session() as session:
+            for stream in stream_repo.list_all(session):
+                metrics.track_stream(stream.id, detectors=())
+    except BaseException:
+        database.dispose()
+        raise
+    return AppState(
+        settings=settings,
+        database=database,
+        registry=registry,
+        metrics=metrics,
+        engine=StreamEngine(database, registry, metrics),
+        started_at=started_at,
+    )
+
+
+def create_app(
+    settings: Settings | None = None, *, artifact_loader: ArtifactLoader | None = None
+) -> FastAPI:
+    """A new app. `artifact_loader` replaces `load_model` (tests pass tiny fake artifacts)."""
+    settings = settings if settings is not None else Settings()
+    loader = artifact_loader if artifact_loader is not None else default_loader
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[LifespanState]:
+        state = await anyio.to_thread.run_sync(open_state, settings, metrics, loader)
+        try:
+            yield {"twinwatch": state}
+        finally:
+            state.database.dispose()
+
+    app = FastAPI(
+        title="twinwatch",
+        version=__version__,
+        summary="Watch machines through their digital twins.",
+        lifespan=lifespan,
+    )
+    install_problem_handlers(app)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    for module in (health, streams, readings, alarms, models):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,383 @@
+"""The monitor of one stream: configured detectors, their thresholds and alarm rules, and state.
+
+    config = MonitorConfig.from_manifest(loaded.manifest)   # thresholds written by calibrate
+    monitor = Monitor(config)                               # one per stream
+    step = monitor.update(residual, reference_gap=value - reference)
+    step.statistics, step.opened, step.closed               # per-detector values, transitions
+    saved = monitor.state_dict()            # JSON; resume with Monitor.from_state(config, saved)
+    run = monitor.run(residuals, reference_gaps)            # batch: same numbers, same events
+
+`update` and `run` advance the same state: a stream may be replayed in batch and continued one
+reading at a time, and gives the same statistics (bit for bit) and the same events either way.
+
+Inputs. The residual is a float (one channel) or a vector (a sensor group; the scalar detectors
+watch channel 0, `mahalanobis` the whole vector). NaN means a missing reading: detectors skip the
+sample, their state holds, the sample has no statistic (None / NaN) and cannot alarm. An
+infinite residual or gap is refused with a DataError: it would poison every running statistic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from app.errors import ArtifactError, DataError
+from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule
+from app.monitoring.detectors import (
+    CusumDetector,
+    Detector,
+    FloatArray,
+    LevelDetector,
+    MahalanobisDetector,
+    PointDetector,
+    RollingRMSDetector,
+    VarianceFloorDetector,
+)
+
+STATE_VERSION = 1
+DETECTOR_ORDER = ("point", "rolling_rms", "variance_floor", "cusum", "level", "mahalanobis")
+
+
+# --- configuration (what a manifest stores) ------------------------------------------------------
+
+
+class _DetectorConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threshold: float = Field(allow_inf_nan=False)
+    alarm: AlarmPolicy | None = None  # overrides the monitor's default policy
+
+
+class PointConfig(_DetectorConfig):
+    kind: Literal["point"] = "point"
+
+
+class RollingRMSConfig(_DetectorConfig):
+    kind: Literal["rolling_rms"] = "rolling_rms"
+    window: int = Field(default=50, ge=2)
+
+
+class VarianceFloorConfig(_DetectorConfig):
+    kind: Literal["variance_floor"] = "variance_floor"
+    window: int = Field(default=20, ge=2)
+
+
+class CusumConfig(_DetectorConfig):
+    kind: Literal["cusum"] = "cusum"
+    sigma: float = Field(gt=0, allow_inf_nan=False)
+    kappa: float = Field(gt=0, allow_inf_nan=False)
+
+
+class LevelConfig(_DetectorConfig):
+    kind: Literal["level"] = "level"
+    window: int = Field(default=10, ge=2)
+
+
+class MahalanobisConfig(_DetectorConfig):
+    kind: Literal["mahalanobis"] = "mahalanobis"
+    covariance: list[list[float]]
+
+
+DetectorConfig = Annotated[
+    PointConfig
+    | RollingRMSConfig
+    | VarianceFloorConfig
+    | CusumConfig
+    | LevelConfig
+    | MahalanobisConfig,
+    Field(discriminator="kind"),
+]
+
+
+class MonitorConfig(BaseModel):
+    """Detectors and alarm rules of a stream; stored as the `thresholds` field of a manifest.
+
+    `calibration` records how the thresholds were obtained (margins or target rate, hold-out,
+    what rate the hold-out supports); the monitor itself does not read it.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    channels: int = Field(default=1, ge=1)
+    alarm: AlarmPolicy = AlarmPolicy()
+    detectors: list[DetectorConfig]
+    calibration: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> MonitorConfig:
+        kinds = [d.kind for d in self.detectors]
+        if len(set(kinds)) != len(kinds):
+            raise ValueError(f"each detector kind at most once, got {kinds}")
+        for d in self.detectors:
+            if isinstance(d, MahalanobisConfig) and len(d.covariance) != self.channels:
+                raise ValueError(
+                    f"mahalanobis covariance is {len(d.covariance)}x.. for {self.channels} channels"
+                )
+        return self
+
+    @classmethod
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> MonitorConfig:
+        """The thresholds `twinwatch calibrate` stored in a model manifest."""
+        raw = manifest.get("thresholds")
+        if raw is None:
+            raise ArtifactError(
+                "the model has no detector thresholds: run `twinwatch calibrate` on it first"
+            )
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            raise ArtifactError(f"the model's thresholds are invalid: {_summary(exc)}") from None
+
+    def thresholds(self) -> dict[str, float]:
+        return {d.kind: d.threshold for d in self.detectors}
+
+    def detector(self, kind: str) -> DetectorConfig | None:
+        return next((d for d in self.detectors if d.kind == kind), None)
+
+
+def _summary(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'thresholds'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+def build_detector(config: DetectorConfig) -> Detector:
+    """A fresh detector from its configuration."""
+    threshold = config.threshold
+    if isinstance(config, PointConfig):
+        return PointDetector(threshold=threshold)
+    if isinstance(config, RollingRMSConfig):
+        return RollingRMSDetector(threshold=threshold, window=config.window)
+    if isinstance(config, VarianceFloorConfig):
+        return VarianceFloorDetector(threshold=threshold, window=config.window)
+    if isinstance(config, CusumConfig):
+        return CusumDetector(threshold=threshold, sigma=config.sigma, kappa=config.kappa)
+    if isinstance(config, LevelConfig):
+        return LevelDetector(threshold=threshold, window=config.window)
+    return MahalanobisDetector(threshold=threshold, covariance=config.covariance)
+
+
+# --- results ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MonitorStep:
+    """What one reading did: each detector's statistic (None if it has none) and transitions."""
+
+    sample: int
+    statistics: dict[str, float | None]
+    exceeded: dict[str, bool]
+    opened: list[AlarmEvent]
+    closed: list[AlarmEvent]
+
+
+@dataclass(frozen=True)
+class MonitorRun:
+    """A batch: per-detector statistic (NaN = none) and exceedance arrays, and the transitions."""
+
+    first_sample: int
+    statistics: dict[str, FloatArray]
+    exceeded: dict[str, NDArray[np.bool_]]
+    opened: list[AlarmEvent]
+    closed: list[AlarmEvent]
+
+    def events(self, still_open: Sequence[AlarmEvent] = ()) -> list[AlarmEvent]:
+        """Events that ended in this run plus `still_open`, ordered by start then detector."""
+        order = {kind: i for i, kind in enumerate(DETECTOR_ORDER)}
+        return sorted([*self.closed, *still_open], key=lambda e: (e.start, order[e.detector]))
+
+
+# --- the monitor --------------------------------------------------------------------------------
+
+
+class Monitor:
+    """The configured detectors of one stream with their alarm rules and running state."""
+
+    def __init__(self, config: MonitorConfig) -> None:
+        self.config = config
+        ordered = sorted(config.detectors, key=lambda d: DETECTOR_ORDER.index(d.kind))
+        self.detectors: dict[str, Detector] = {d.kind: build_detector(d) for d in ordered}
+        self.rules: dict[str, AlarmRule] = {
+            d.kind: AlarmRule(
+                d.kind,
+                d.alarm or config.alarm,
+                threshold=d.threshold,
+                direction=self.detectors[d.kind].direction,
+            )
+            for d in ordered
+        }
+        self._sample = 0
+
+    @property
+    def sample(self) -> int:
+        """Index of the next sample (the number of samples seen)."""
+        return self._sample
+
+    # -- incremental --
+
+    def update(
+        self, residual: float | Sequence[float], *, reference_gap: float | None = None
+    ) -> MonitorStep:
+        """Advance by one reading (residual: value - forecast; reference_gap: value - reference)."""
+        vector = self._vector(residual)
+        gap = None if reference_gap is None else float(reference_gap)
+        if gap is not None and math.isinf(gap):
+            raise DataError(f"sample {self._sample}: the reference gap is infinite")
+        sample = self._sample
+        statistics: dict[str, float | None] = {}
+        exceeded: dict[str, bool] = {}
+        opened: list[AlarmEvent] = []
+        closed: list[AlarmEvent] = []
+        for kind, detector in self.detectors.items():
+            value: Any
+            if detector.source == "reference_gap":
+                value = gap if gap is not None and not math.isnan(gap) else None
+            elif detector.source == "vector":
+                value = vector if not any(math.isnan(x) for x in vector) else None
+            else:
+                value = vector[0] if not math.isnan(vector[0]) else None
+            statistic = None if value is None else detector.update(value)
+            statistics[kind] = statistic
+            exceeded[kind] = statistic is not None and bool(detector.exceeds(statistic))
+            if statistic is not None:
+                event_opened, event_closed = self.rules[kind].observe(
+                    sample, statistic, exceeded[kind]
+                )
+                if event_opened is not None:
+                    opened.append(event_opened)
+                if event_closed is not None:
+                    closed.append(event_closed)
+        self._sample += 1
+        return MonitorStep(sample, statistics, exceeded, opened, closed)
+
+    def _vector(self, residual: float | Sequence[float]) -> list[float]:
+        if isinstance(residual, int | float):
+            vector = [float(residual)]
+        else:
+            vector = [float(x) for x in residual]
+        if len(vector) != self.config.channels:
+            raise DataError(
+                f"sample {self._sample}: {len(vector)} residual channel(s), "
+                f"the monitor watches {self.config.channels}"
+            )
+        if any(math.isinf(x) for x in vector):
+            raise DataError(f"sample {self._sample}: the residual is infinite")
+        return vector
+
+    # -- batch --
+
+    def run(
+        self, residuals: NDArray[np.float64], reference_gaps: NDArray[np.float64] | None = None
+    ) -> MonitorRun:
+        """Advance by a whole record, exactly as `update` on each of its samples would."""
+        matrix = np.asarray(residuals, dtype=np.float64)
+        if matrix.ndim == 1:
+            matrix = matrix[:, None]
+        if matrix.ndim != 2 or matrix.shape[1] != self.config.channels:
+            raise DataError(
+                f"residuals of shape {np.shape(residuals)}: the monitor watches "
+                f"{self.config.channels} channel(s)"
+            )
+        count = matrix.shape[0]
+        _refuse_infinite(matrix, "residual", self._sample)
+        gaps = None
+        if reference_gaps is not None:
+            gaps = np.asarray(reference_gaps, dtype=np.float64)
+            if gaps.shape != (count,):
+                raise DataError(f"{gaps.shape[0]} reference gaps for {count} residuals")
+            _refuse_infinite(gaps, "reference gap", self._sample)
+        samples = np.arange(self._sample, self._sample + count, dtype=np.int64)
+        statistics: dict[str, FloatArray] = {}
+        exceeded: dict[str, NDArray[np.bool_]] = {}
+        opened: list[AlarmEvent] = []
+        closed: list[AlarmEvent] = []
+        for kind, detector in self.detectors.items():
+            if detector.source == "reference_gap":
+                inputs = gaps if gaps is not None else np.full(count, np.nan)
+                valid = ~np.isnan(inputs)
+            elif detector.source == "vector":
+                inputs = matrix
+                valid = ~np.isnan(matrix).any(axis=1)
+            else:
+                inputs = matrix[:, 0]
+                valid = ~np.isnan(inputs)
+            statistic = np.full(count, np.nan)
+            statistic[valid] = detector.batch(np.ascontiguousarray(inputs[valid]))
+            has = ~np.isnan(statistic)
+            over = np.zeros(count, dtype=bool)
+            over[has] = detector.exceeds(statistic[has])
+            statistics[kind] = statistic
+            exceeded[kind] = over
+            event_opened, event_closed = self.rules[kind].run(
+                samples[has], statistic[has], over[has]
+            )
+            opened.extend(event_opened)
+            closed.extend(event_closed)
+        self._sample += count
+        order = {kind: i for i, kind in enumerate(DETECTOR_ORDER)}
+        opened.sort(key=lambda e: (e.start, order[e.detector]))
+        closed.sort(key=lambda e: (e.cleared_at or 0, order[e.detector]))
+        return MonitorRun(
+            samples[0] if count else self._sample, statistics, exceeded, opened, closed
+        )
+
+    # -- state --
+
+    def open_events(self) -> list[AlarmEvent]:
+        """Events still open, with their peak so far."""
+        return [e for rule in self.rules.values() if (e := rule.current()) is not None]
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready state (finite floats, ints, lists): checkpoint it, restore with from_state."""
+        return {
+            "version": STATE_VERSION,
+            "sample": self._sample,
+            "detectors": {k: d.state_dict() for k, d in self.detectors.items()},
+            "alarms": {k: r.state_dict() for k, r in self.rules.items()},
+        }
+
+    @classmethod
+    def from_state(cls, config: MonitorConfig, state: Mapping[str, Any]) -> Monitor:
+        """Resume a stream: the continuation is identical to never having stopped."""
+        monitor = cls(config)
+        if state.get("version") != STATE_VERSION:
+            raise DataError(
+                f"monitor state version {state.get('version')!r} is not {STATE_VERSION}"
+            )
+        detectors = state.get("detectors")
+        alarms = state.get("alarms")
+        sample = state.get("sample")
+        if not isinstance(detectors, dict) or not isinstance(alarms, dict):
+            raise DataError("monitor state needs 'detectors' and 'alarms' objects")
+        if set(detectors) != set(monitor.detectors) or set(alarms) != set(monitor.rules):
+            raise DataError(
+                f"monitor state is for detectors {sorted(detectors)}, "
+                f"the configuration has {sorted(monitor.detectors)}"
+            )
+        if not isinstance(sample, int) or isinstance(sample, bool) or sample < 0:
+            raise DataError("monitor state needs a non-negative integer 'sample'")
+        for kind, detector in monitor.detectors.items():
+            detector.load_state_dict(dict(detectors[kind]))
+            monitor.rules[kind].load_state_dict(dict(alarms[kind]))
+        monitor._sample = sample
+        return monitor
+
+
+def _refuse_infinite(values: NDArray[np.float64], what: str, offset: int) -> None:
+    bad = np.isinf(values)
+    if bad.any():
+        index = int(np.argwhere(bad)[0][0])
+        raise DataError(f"sample {offset + index}: the {what} is infinite")
+
+
+def reference_gap(
+    value: NDArray[np.float64], reference: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    """What the level detector watches: the reading minus the reference sent with it."""
+    return np.asarray(value, dtype=np.float64) - np.asarray(reference, dtype=np.float64)

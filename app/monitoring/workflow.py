@@ -1,0 +1,240 @@
+"""The calibrate and evaluate workflows: model and data in, manifest and report out.
+
+The thin layer between the CLI and the numeric core: it reads files, checks that the user's
+ranges make sense (one-line DataErrors), runs the forecaster once over the record and hands the
+residuals to the core.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.errors import DataError
+from app.forecasting.artifacts import LoadedModel, load_model, update_manifest
+from app.monitoring.alarms import AlarmPolicy
+from app.monitoring.calibration import (
+    DetectorSettings,
+    HoldOut,
+    calibrate_margins,
+    calibrate_rate,
+)
+from app.monitoring.detectors import FloatArray
+from app.monitoring.evaluation import (
+    monitor_record,
+    normal_day_false_alarms,
+    record_inputs,
+    score_faults,
+)
+from app.monitoring.monitor import MonitorConfig
+from app.monitoring.plots import plot_record
+from app.series import VALUE_COLUMN, Series, read_csv
+from app.simulation.faults import Fault, load_schedule
+
+DEFAULT_SAMPLE_PERIOD_S = 0.1
+MIN_HOLDOUT = 100  # residuals, beyond the largest detector window
+
+
+def parse_range(text: str, total: int, *, option: str = "--holdout") -> tuple[int, int]:
+    """'6000:7000', '6000:', ':1000' or 'all' -> [start, stop) inside a record of `total`."""
+    text = text.strip()
+    if text == "all":
+        return 0, total
+    parts = text.split(":")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        start = int(parts[0]) if parts[0].strip() else 0
+        stop = int(parts[1]) if parts[1].strip() else total
+    except ValueError:
+        raise DataError(
+            f"{option} must be START:STOP in samples (e.g. 6000:7000) or 'all', got {text!r}"
+        ) from None
+    if not 0 <= start < stop:
+        raise DataError(f"{option} {text}: need 0 <= START < STOP")
+    if stop > total:
+        raise DataError(f"{option} {text} runs past the end of the data ({total} samples)")
+    return start, stop
+
+
+def sample_period(series: Series, given: float | None) -> float:
+    """The --sample-period, else the data's own spacing."""
+    if given is not None:
+        if not given > 0:
+            raise DataError(f"--sample-period must be positive, got {given}")
+        return given
+    if len(series) < 2:
+        return DEFAULT_SAMPLE_PERIOD_S
+    return float(np.median(np.diff(series.t)))
+
+
+def model_channels(loaded: LoadedModel) -> list[str]:
+    """The data columns the forecaster reads, target first."""
+    channels = loaded.manifest.get("channels")
+    if isinstance(channels, list) and channels and all(isinstance(c, str) for c in channels):
+        return channels
+    return [VALUE_COLUMN]
+
+
+def _training(loaded: LoadedModel) -> dict[str, Any]:
+    training = loaded.manifest.get("training")
+    return training if isinstance(training, dict) else {}
+
+
+def train_end(loaded: LoadedModel) -> int:
+    """The first sample the model never trained on (0 when the manifest does not say)."""
+    value = _training(loaded).get("train_end")
+    return value if isinstance(value, int) else 0
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A record with the forecaster's residuals over it."""
+
+    loaded: LoadedModel
+    path: Path
+    series: Series
+    residuals: FloatArray
+    reference_gaps: FloatArray | None
+    forecast_seconds: float
+
+
+def prepare(model: Path, data: Path) -> Prepared:
+    loaded = load_model(model)
+    series = read_csv(data)
+    started = time.perf_counter()
+    residuals, gaps = record_inputs(loaded.forecaster, series, model_channels(loaded))
+    return Prepared(loaded, data, series, residuals, gaps, time.perf_counter() - started)
+
+
+def holdout_of(prepared: Prepared, text: str) -> HoldOut:
+    """The hold-out slice, refused when it cannot hold a single full detector window."""
+    start, stop = parse_range(text, len(prepared.series))
+    window = prepared.loaded.forecaster.window
+    first = max(start, window)
+    settings = DetectorSettings()
+    needed = max(settings.rms_window, settings.floor_window, settings.level_window) + MIN_HOLDOUT
+    if stop - first < needed:
+        raise DataError(
+            f"--holdout {text}: only {max(0, stop - first)} residuals (the first {window} samples "
+            f"of the data have no full forecast window); need at least {needed}"
+        )
+    gaps = None if prepared.reference_gaps is None else prepared.reference_gaps[start:stop]
+    description = {
+        "data": str(prepared.path),
+        "data_sha256": prepared.series.sha256(),
+        "start": start,
+        "stop": stop,
+    }
+    return HoldOut(prepared.residuals[start:stop], gaps, description)
+
+
+def calibrate(
+    model: Path,
+    data: Path,
+    holdout: str,
+    *,
+    false_alarms_per_day: float | None = None,
+    sample_period_s: float | None = None,
+    alarm: AlarmPolicy | None = None,
+) -> MonitorConfig:
+    """Thresholds from the hold-out, written into the model's manifest as `thresholds`."""
+    prepared = prepare(model, data)
+    held = holdout_of(prepared, holdout)
+    start = held.description["start"]
+    end = train_end(prepared.loaded)
+    if start < end and prepared.series.sha256() == _training(prepared.loaded).get("data_sha256"):
+        raise DataError(
+            f"--holdout {holdout} overlaps the samples before {end} this model trained on; "
+            "thresholds must come from data the model never saw"
+        )
+    settings = DetectorSettings(alarm=alarm or AlarmPolicy())
+    period = sample_period(prepared.series, sample_period_s)
+    if false_alarms_per_day is None:
+        config = calibrate_margins(held, settings)
+    else:
+        config = calibrate_rate(
+            held, false_alarms_per_day, sample_period_s=period, settings=settings
+        )
+    update_manifest(model, thresholds=config.model_dump(mode="json"))
+    return config
+
+
+def load_faults(path: Path, total: int) -> list[Fault]:
+    faults = load_schedule(path)
+    for fault in faults:
+        if fault.end > total:
+            raise DataError(
+                f"{path}: the {fault.type.value} fault ends at {fault.end}, after the "
+                f"{total} samples of the data"
+            )
+    return faults
+
+
+def evaluate(
+    model: Path,
+    data: Path,
+    faults_path: Path,
+    *,
+    holdout: str | None = None,
+    plots: Path | None = None,
+    normal_days: float | None = None,
+    seed: int | None = None,
+    sample_period_s: float | None = None,
+) -> dict[str, Any]:
+    """The fault-injection report of the issue's JSON format."""
+    started = time.perf_counter()
+    if normal_days is not None and (seed is None or not normal_days > 0):
+        raise DataError("--normal-days needs a positive number of days and --seed")
+    prepared = prepare(model, data)
+    faults = load_faults(faults_path, len(prepared.series))
+    period = sample_period(prepared.series, sample_period_s)
+    if holdout is not None:
+        held = holdout_of(prepared, holdout)
+        start, stop = held.description["start"], held.description["stop"]
+        for fault in faults:
+            if fault.start < stop and start < fault.end + 70:
+                raise DataError(
+                    f"--holdout {holdout} overlaps the {fault.type.value} fault at "
+                    f"{fault.start}..{fault.end}: thresholds must come from normal data"
+                )
+        config = calibrate_margins(held)
+        score_from = stop
+    else:
+        config = MonitorConfig.from_manifest(prepared.loaded.manifest)
+        score_from = max(train_end(prepared.loaded), prepared.loaded.forecaster.window)
+    if config.channels != 1:
+        raise DataError(
+            f"the thresholds are for {config.channels} residual channels; this model forecasts one"
+        )
+    record = monitor_record(config, prepared.residuals, prepared.reference_gaps)
+    report: dict[str, Any] = {
+        "model": str(model),
+        "data": str(data),
+        **score_faults(record, faults, score_from=score_from, sample_period_s=period),
+        "thresholds": config.thresholds(),
+        "detector_config": config.model_dump(mode="json", exclude={"calibration"}),
+        "calibration": config.calibration,
+        "sample_period_s": period,
+        "forecast_seconds": prepared.forecast_seconds,
+    }
+    if plots is not None:
+        first = held.description["start"] if holdout is not None else score_from
+        report["plots"] = [
+            str(plot_record(record, config, faults, plots / "monitor.png", start=first))
+        ]
+    if normal_days is not None and seed is not None:
+        report["normal_days"] = normal_day_false_alarms(
+            prepared.loaded.forecaster,
+            config,
+            model_channels(prepared.loaded),
+            days=normal_days,
+            seed=seed,
+            sample_period_s=period,
+        )
+    report["seconds"] = time.perf_counter() - started
+    return report

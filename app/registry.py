@@ -1,0 +1,162 @@
+"""The loaded forecasters: every artifact directory under `models_dir`, keyed by its name.
+
+Loading goes through a loader callable (by default `app.forecasting.artifacts.load_model`), so
+tests can build an app from tiny in-memory artifacts. A directory that fails to load is logged
+and left out (the others still serve); `errors` says why, and `/readyz` reports it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from app.errors import AppError, DataError
+from app.forecasting.base import Forecaster
+
+log = logging.getLogger(__name__)
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+_NAME = re.compile(NAME_PATTERN)
+
+
+class Artifact(Protocol):
+    """What the registry needs of a loaded artifact (`app.forecasting.artifacts.LoadedModel`)."""
+
+    @property
+    def forecaster(self) -> Forecaster: ...
+
+    @property
+    def manifest(self) -> Mapping[str, Any]: ...
+
+    @property
+    def directory(self) -> Path: ...
+
+
+ArtifactLoader = Callable[[Path], Artifact]
+
+
+def default_loader(directory: Path) -> Artifact:
+    # Imported here: it pulls in torch, which only the serving process needs.
+    from app.forecasting.artifacts import load_model
+
+    return load_model(directory)
+
+
+def manifest_sha256(manifest: Mapping[str, Any]) -> str:
+    """Hash of the manifest's canonical JSON (which names the weights' hashes): the model's id."""
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class RegisteredModel:
+    name: str
+    version: str
+    manifest_sha256: str
+    loaded_at: datetime
+    artifact: Artifact
+
+    @property
+    def forecaster(self) -> Forecaster:
+        return self.artifact.forecaster
+
+    @property
+    def manifest(self) -> Mapping[str, Any]:
+        return self.artifact.manifest
+
+    @property
+    def kind(self) -> str:
+        return self.forecaster.kind
+
+    @property
+    def thresholds(self) -> dict[str, Any]:
+        """Detector thresholds stored by `twinwatch calibrate`; empty until calibrated."""
+        return _mapping(self.manifest.get("thresholds"))
+
+    @property
+    def metrics(self) -> dict[str, Any]:
+        return _mapping(self.manifest.get("metrics"))
+
+    @property
+    def channels(self) -> list[str]:
+        """The channel names the model was trained on (channel 0 is forecast)."""
+        names = self.manifest.get("channels")
+        n_channels = self.forecaster.n_channels
+        if isinstance(names, list) and len(names) == n_channels:
+            return [str(name) for name in names]
+        return ["value"] + [f"channel_{i}" for i in range(1, n_channels)]
+
+
+def _mapping(value: object) -> dict[str, Any]:
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
+@dataclass(frozen=True)
+class ModelRegistry:
+    models: Mapping[str, RegisteredModel] = field(default_factory=dict)
+    errors: Mapping[str, str] = field(default_factory=dict)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.models
+
+    def __iter__(self) -> Iterator[RegisteredModel]:
+        return iter(self.models.values())
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    def get(self, name: str) -> RegisteredModel | None:
+        return self.models.get(name)
+
+    def require(self, name: str) -> RegisteredModel:
+        model = self.models.get(name)
+        if model is None:
+            loaded = ", ".join(sorted(self.models)) or "none"
+            raise DataError(f"model {name!r} is not loaded (loaded: {loaded})", model=name)
+        return model
+
+
+def register(artifact: Artifact, *, name: str, loaded_at: datetime) -> RegisteredModel:
+    sha = manifest_sha256(artifact.manifest)
+    version = artifact.manifest.get("version")
+    return RegisteredModel(
+        name=name,
+        version=str(version) if isinstance(version, str | int) else sha[:12],
+        manifest_sha256=sha,
+        loaded_at=loaded_at,
+        artifact=artifact,
+    )
+
+
+def load_models(
+    models_dir: Path, *, loaded_at: datetime, loader: ArtifactLoader = default_loader
+) -> ModelRegistry:
+    """Load every artifact directory under `models_dir` (hidden ones and files are skipped)."""
+    if not models_dir.is_dir():
+        log.warning("models directory %s does not exist: no model loaded", models_dir)
+        return ModelRegistry(errors={str(models_dir): "models directory does not exist"})
+    models: dict[str, RegisteredModel] = {}
+    errors: dict[str, str] = {}
+    for directory in sorted(models_dir.iterdir()):
+        if not directory.is_dir() or directory.name.startswith((".", "_")):
+            continue
+        name = directory.name
+        if not _NAME.fullmatch(name):
+            errors[name] = f"directory name must match {NAME_PATTERN}"
+            continue
+        try:
+            artifact = loader(directory)
+        except AppError as exc:
+            errors[name] = exc.detail
+            log.error("model %s not loaded: %s", name, exc.detail)
+            continue
+        models[name] = register(artifact, name=name, loaded_at=loaded_at)
+        log.info("loaded model %s (version %s)", name, models[name].version)
+    return ModelRegistry(models=models, errors=errors)

@@ -1,0 +1,326 @@
+"""Request and response bodies of API v1 (pydantic v2). Datetimes are RFC 3339 UTC."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+
+from app.monitoring.alarms import AlarmPolicy
+from app.monitoring.detectors import DETECTORS
+from app.registry import NAME_PATTERN, RegisteredModel
+from app.storage.models import Alarm, Stream
+
+STREAM_ID_PATTERN = NAME_PATTERN
+"""Stream ids are path segments and metric labels: short, and no characters that need escaping."""
+
+CHANNEL_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
+RESERVED_CHANNELS = frozenset({"t", "reference"})
+MAX_CHANNELS = 32
+
+StreamId = Annotated[str, StringConstraints(pattern=STREAM_ID_PATTERN)]
+ModelName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+def _known_channel(name: str) -> str:
+    if name in RESERVED_CHANNELS:
+        raise ValueError(f"{name!r} is reserved (readings carry 't' and 'reference' themselves)")
+    return name
+
+
+ChannelName = Annotated[
+    str, StringConstraints(pattern=CHANNEL_PATTERN), AfterValidator(_known_channel)
+]
+
+
+def _known_detector(name: str) -> str:
+    if name not in DETECTORS:
+        raise ValueError(f"unknown detector {name!r}; known: {', '.join(sorted(DETECTORS))}")
+    return name
+
+
+DetectorName = Annotated[str, AfterValidator(_known_detector)]
+
+
+def _unique(names: list[str]) -> list[str]:
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise ValueError(f"duplicate channel(s): {', '.join(duplicates)}")
+    return names
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- problems (documentation of the error bodies) --------------------------------------------
+
+
+class FieldProblem(BaseModel):
+    field: str = Field(description="Dotted path of the offending field, e.g. body.channels.0")
+    message: str
+    type: str
+
+
+class Problem(BaseModel):
+    """RFC 9457 problem details: every error the API returns has this shape."""
+
+    type: str
+    title: str
+    status: int
+    detail: str
+    instance: str | None = None
+    errors: list[FieldProblem] | None = Field(
+        None, description="Validation errors only: every offending field."
+    )
+
+
+def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses=` entries documenting problem answers."""
+    return {
+        status: {"model": Problem, "content": {"application/problem+json": {}}}
+        for status in statuses
+    }
+
+
+# --- streams -----------------------------------------------------------------------------------
+
+
+class DetectorOverride(_Body):
+    """Per-stream changes to a detector's calibrated configuration."""
+
+    enabled: bool = True
+    threshold: FiniteFloat | None = Field(None, description="Replaces the calibrated threshold.")
+    policy: AlarmPolicy | None = Field(None, description="k-of-n to open, m quiet to close.")
+
+
+class StreamConfig(_Body):
+    """The body of `PUT /v1/streams/{stream_id}`."""
+
+    model: ModelName | None = Field(
+        None, description="A loaded model's name; the server's default model when omitted."
+    )
+    channels: (
+        Annotated[
+            list[ChannelName],
+            Field(min_length=1, max_length=MAX_CHANNELS),
+            AfterValidator(_unique),
+        ]
+        | None
+    ) = Field(
+        None,
+        description="Channel 0 is the one forecast; as many channels as the model takes. "
+        "Defaults to the model's own channel names.",
+    )
+    sample_period_s: PositiveSeconds = Field(0.1, description="Nominal time between readings.")
+    has_reference: bool = Field(
+        False, description="Readings carry a redundant healthy sensor's value as `reference`."
+    )
+    detectors: dict[DetectorName, DetectorOverride] = Field(default_factory=dict)
+
+
+class AlarmOut(BaseModel):
+    id: int
+    stream: str
+    detector: str
+    state: Literal["open", "closed"]
+    opened_at: datetime
+    opened_sample: int
+    closed_at: datetime | None
+    closed_sample: int | None
+    peak: float
+    threshold: float
+    model: str
+    model_version: str
+    acknowledged_at: datetime | None
+    acknowledged_by: str | None
+
+    @classmethod
+    def of(cls, alarm: Alarm) -> AlarmOut:
+        return cls(
+            id=alarm.id,
+            stream=alarm.stream_id,
+            detector=alarm.detector,
+            state="open" if alarm.state == "open" else "closed",
+            opened_at=alarm.opened_at,
+            opened_sample=alarm.opened_sample,
+            closed_at=alarm.closed_at,
+            closed_sample=alarm.closed_sample,
+            peak=alarm.peak,
+            threshold=alarm.threshold,
+            model=alarm.model_name,
+            model_version=alarm.model_version,
+            acknowledged_at=alarm.acknowledged_at,
+            acknowledged_by=alarm.acknowledged_by,
+        )
+
+
+class DetectorLive(BaseModel):
+    statistic: float | None = Field(description="Last statistic; null while warming up.")
+    threshold: float
+    active: bool = Field(description="An alarm of this detector is open.")
+
+
+class StreamLive(BaseModel):
+    """The engine's view of a stream: what it has seen and what it currently thinks."""
+
+    warmup_remaining: int = Field(description="Readings still needed before detectors can alarm.")
+    last_forecast: float | None
+    last_residual: float | None
+    detectors: dict[str, DetectorLive]
+
+
+class StreamOut(BaseModel):
+    id: str
+    model: str
+    channels: list[str]
+    sample_period_s: float
+    has_reference: bool
+    detectors: dict[str, DetectorOverride]
+    created_at: datetime
+    updated_at: datetime
+    samples_seen: int
+    last_t: datetime | None = Field(description="Time of the last accepted reading.")
+    open_alarms: list[AlarmOut]
+    live: StreamLive | None = Field(
+        None, description="The engine's current state; null until the stream has an engine."
+    )
+
+    @classmethod
+    def of(
+        cls, stream: Stream, *, open_alarms: list[Alarm], live: StreamLive | None = None
+    ) -> StreamOut:
+        return cls(
+            id=stream.id,
+            model=stream.model_name,
+            channels=list(stream.channels),
+            sample_period_s=stream.sample_period_s,
+            has_reference=stream.has_reference,
+            detectors={
+                name: DetectorOverride.model_validate(value)
+                for name, value in stream.detector_overrides.items()
+            },
+            created_at=stream.created_at,
+            updated_at=stream.updated_at,
+            samples_seen=stream.sample_count,
+            last_t=stream.last_t,
+            open_alarms=[AlarmOut.of(alarm) for alarm in open_alarms],
+            live=live,
+        )
+
+
+class StreamList(BaseModel):
+    items: list[StreamOut]
+
+
+# --- readings ----------------------------------------------------------------------------------
+
+
+class ReadingIn(_Body):
+    """One reading. `t`: RFC 3339 with a time zone, or seconds since the Unix epoch."""
+
+    t: AwareDatetime = Field(description="RFC 3339 time with zone, or epoch seconds.")
+    value: FiniteFloat | None = Field(
+        None, description="The reading of a single-channel stream; null when it is missing."
+    )
+    values: dict[str, FiniteFloat | None] | None = Field(
+        None, description="A multi-channel stream's readings by channel name (null: missing)."
+    )
+    reference: FiniteFloat | None = Field(
+        None,
+        description="A reference that does not move with the sensor (a redundant sensor or "
+        "the twin's physics prediction), for streams with has_reference.",
+    )
+
+
+class ReadingsIn(_Body):
+    readings: list[ReadingIn] = Field(description="In increasing time order.")
+
+
+class ReadingResult(BaseModel):
+    t: datetime
+    forecast: float | None = Field(description="Null while the stream warms up.")
+    residual: float | None = Field(description="Reading minus forecast.")
+    imputed: bool = Field(False, description="The reading was null; its forecast stands in.")
+    statistics: dict[str, float | None]
+
+
+class ReadingsOut(BaseModel):
+    accepted: int = Field(description="New readings processed and committed.")
+    duplicates: int = Field(description="Re-sent readings already accepted (not re-processed).")
+    results: list[ReadingResult] = Field(description="One per accepted reading, in order.")
+    opened: list[AlarmOut]
+    closed: list[AlarmOut]
+
+
+class ForecastOut(BaseModel):
+    stream: str
+    model: str
+    after_t: datetime | None = Field(description="Time of the last reading the forecast uses.")
+    sample_period_s: float
+    horizon: int
+    forecast: list[float] = Field(description="Forecasts of the next `horizon` readings.")
+
+
+# --- alarms ------------------------------------------------------------------------------------
+
+
+class AlarmPageOut(BaseModel):
+    items: list[AlarmOut]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` (with the same filters) for the next page; null at the end."
+    )
+
+
+class AcknowledgeIn(_Body):
+    by: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)] = (
+        Field(description="Who acknowledges (a person or a system).")
+    )
+
+
+# --- models and health -------------------------------------------------------------------------
+
+
+class ModelOut(BaseModel):
+    name: str
+    version: str
+    kind: str
+    window: int
+    horizon: int
+    n_channels: int
+    manifest_sha256: str
+    loaded_at: datetime
+    metrics: dict[str, Any]
+    thresholds: dict[str, Any]
+
+    @classmethod
+    def of(cls, model: RegisteredModel) -> ModelOut:
+        forecaster = model.forecaster
+        return cls(
+            name=model.name,
+            version=model.version,
+            kind=model.kind,
+            window=forecaster.window,
+            horizon=forecaster.horizon,
+            n_channels=forecaster.n_channels,
+            manifest_sha256=model.manifest_sha256,
+            loaded_at=model.loaded_at,
+            metrics=model.metrics,
+            thresholds=model.thresholds,
+        )
+
+
+class ModelList(BaseModel):
+    items: list[ModelOut]
+
+
+class Health(BaseModel):
+    status: Literal["ok"] = "ok"
+
+
+class Ready(BaseModel):
+    status: Literal["ready"] = "ready"
+    checks: dict[str, str]

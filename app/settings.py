@@ -1,0 +1,82 @@
+"""The service's configuration: one pydantic-settings class read from `TWINWATCH_*` variables.
+
+Nothing reads the environment at import time: `Settings()` is built by whoever starts the
+service (`twinwatch serve`, `twinwatch db ...`, a test), so several apps with different settings
+can live in one process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from app.errors import AppError
+
+MIN_TOKEN_LENGTH = 16
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TWINWATCH_", extra="ignore", frozen=True)
+
+    data_dir: Path = Field(Path("data"), description="Where the default SQLite database lives.")
+    database_url: str = Field(
+        "",
+        description="SQLAlchemy URL; empty means a SQLite file `twinwatch.db` under data_dir.",
+    )
+    models_dir: Path = Field(Path("models"), description="One sub-directory per model artifact.")
+    default_model: str = Field("lstm-seed0", description="Model of streams that name none.")
+    api_token: SecretStr | None = Field(
+        None, description="When set, write endpoints require `Authorization: Bearer <token>`."
+    )
+    max_batch: int = Field(10_000, ge=1, description="Most readings accepted in one request.")
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    migrate_on_start: bool = Field(
+        True, description="Apply Alembic migrations when the app starts (first run needs nothing)."
+    )
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _lower_log_level(cls, value: object) -> object:
+        return value.lower() if isinstance(value, str) else value
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("api_token")
+    @classmethod
+    def _refuse_weak_token(cls, value: SecretStr | None) -> SecretStr | None:
+        # A short shared secret is guessable over the network; refuse it rather than warn.
+        if value is not None and len(value.get_secret_value()) < MIN_TOKEN_LENGTH:
+            raise ValueError(f"api_token must have at least {MIN_TOKEN_LENGTH} characters")
+        return value
+
+    @model_validator(mode="after")
+    def _default_database(self) -> Settings:
+        if not self.database_url:
+            url = f"sqlite:///{(self.data_dir / 'twinwatch.db').as_posix()}"
+            object.__setattr__(self, "database_url", url)
+        return self
+
+    def prepare_directories(self) -> None:
+        """Create the data directory (holding the default SQLite file) if it is missing."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+
+
+def load_settings() -> Settings:
+    """`Settings()` from the environment, with a one-line error naming the bad variable."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"TWINWATCH_{'_'.join(str(part) for part in error['loc']).upper()}: {error['msg']}"
+            for error in exc.errors()
+        )
+        raise AppError(f"invalid settings: {problems}") from None

@@ -1,0 +1,170 @@
+"""The database schema as SQLAlchemy 2.0 typed models.
+
+Every datetime is a timezone-aware UTC `UTCDateTime`. Rows that belong to a stream (alarms,
+checkpoint, readings) go with it when the stream is deleted. `migrations/` must describe exactly
+this schema (a test compares them).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, ClassVar, Literal
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from app.storage.types import BigIntegerPK, UTCDateTime
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+STREAM_ID_LENGTH = 128
+NAME_LENGTH = 128
+DETECTOR_LENGTH = 64
+
+AlarmState = Literal["open", "closed"]
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
+        datetime: UTCDateTime(),
+        float: Double(),
+        dict[str, Any]: JSON(),
+        list[str]: JSON(),
+        bytes: LargeBinary(),
+    }
+
+
+class ModelEntry(Base):
+    """A forecaster artifact the service has loaded, as it was when last loaded."""
+
+    __tablename__ = "models"
+
+    name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    version: Mapped[str] = mapped_column(String(64))
+    kind: Mapped[str] = mapped_column(String(32))
+    manifest_sha256: Mapped[str] = mapped_column(String(64))
+    config: Mapped[dict[str, Any]]
+    metrics: Mapped[dict[str, Any]]
+    thresholds: Mapped[dict[str, Any]]
+    loaded_at: Mapped[datetime]
+
+
+class Stream(Base):
+    """A sensor (or sensor group) of one machine and where its processing has got to."""
+
+    __tablename__ = "streams"
+
+    id: Mapped[str] = mapped_column(String(STREAM_ID_LENGTH), primary_key=True)
+    model_name: Mapped[str] = mapped_column(
+        String(NAME_LENGTH), ForeignKey("models.name", ondelete="RESTRICT"), index=True
+    )
+    channels: Mapped[list[str]]
+    sample_period_s: Mapped[float]
+    has_reference: Mapped[bool] = mapped_column(Boolean())
+    detector_overrides: Mapped[dict[str, Any]]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    # Time of the last accepted reading and how many readings were accepted, both advanced in
+    # the same transaction as the readings themselves.
+    last_t: Mapped[datetime | None]
+    sample_count: Mapped[int] = mapped_column(BigInteger(), default=0)
+
+    __table_args__ = (CheckConstraint("sample_period_s > 0", name="sample_period_positive"),)
+
+
+class Alarm(Base):
+    """One alarm event of one detector on one stream, from opening to closing."""
+
+    __tablename__ = "alarms"
+
+    id: Mapped[int] = mapped_column(BigIntegerPK, primary_key=True, autoincrement=True)
+    stream_id: Mapped[str] = mapped_column(
+        String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE")
+    )
+    detector: Mapped[str] = mapped_column(String(DETECTOR_LENGTH))
+    state: Mapped[str] = mapped_column(String(8))
+    opened_at: Mapped[datetime]
+    opened_sample: Mapped[int] = mapped_column(BigInteger())
+    closed_at: Mapped[datetime | None]
+    closed_sample: Mapped[int | None] = mapped_column(BigInteger())
+    peak: Mapped[float]
+    threshold: Mapped[float]
+    model_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    model_version: Mapped[str] = mapped_column(String(64))
+    acknowledged_at: Mapped[datetime | None]
+    acknowledged_by: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+
+    __table_args__ = (
+        CheckConstraint("state IN ('open', 'closed')", name="state_valid"),
+        CheckConstraint(
+            "(state = 'open' AND closed_at IS NULL AND closed_sample IS NULL)"
+            " OR (state = 'closed' AND closed_at IS NOT NULL AND closed_sample IS NOT NULL)",
+            name="closed_consistent",
+        ),
+        # The listing's keyset order, newest first.
+        Index("ix_alarms_opened_at_id", "opened_at", "id"),
+        Index("ix_alarms_stream_id_detector_state", "stream_id", "detector", "state"),
+        # At most one open alarm per stream and detector.
+        Index(
+            "uq_alarms_one_open",
+            "stream_id",
+            "detector",
+            unique=True,
+            sqlite_where=text("state = 'open'"),
+            postgresql_where=text("state = 'open'"),
+        ),
+    )
+
+
+class StreamCheckpoint(Base):
+    """The engine's serialised per-stream state after `sample_count` readings."""
+
+    __tablename__ = "stream_checkpoints"
+
+    stream_id: Mapped[str] = mapped_column(
+        String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE"), primary_key=True
+    )
+    sample_count: Mapped[int] = mapped_column(BigInteger())
+    last_t: Mapped[datetime | None]
+    state_version: Mapped[int] = mapped_column(Integer())
+    state: Mapped[bytes]
+    updated_at: Mapped[datetime]
+
+
+class Reading(Base):
+    """An accepted reading: enough to rebuild a stream's state and to recognise re-sends."""
+
+    __tablename__ = "readings"
+
+    stream_id: Mapped[str] = mapped_column(
+        String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE"), primary_key=True
+    )
+    sample: Mapped[int] = mapped_column(BigInteger(), primary_key=True)
+    t: Mapped[datetime]
+    value: Mapped[float | None]
+    # none_as_null: a single-channel reading stores SQL NULL here, not the JSON text "null".
+    values: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    reference: Mapped[float | None]
+
+    __table_args__ = (UniqueConstraint("stream_id", "t"),)

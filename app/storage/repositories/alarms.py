@@ -1,0 +1,166 @@
+"""Alarm events: opened and closed by the engine, listed and acknowledged through the API."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.orm import Session
+
+from app.errors import DataError, NotFoundError
+from app.storage.models import Alarm, AlarmState
+
+
+@dataclass(frozen=True)
+class AlarmPage:
+    items: list[Alarm]
+    next_cursor: str | None
+
+
+def create(
+    session: Session,
+    *,
+    stream_id: str,
+    detector: str,
+    opened_at: datetime,
+    opened_sample: int,
+    peak: float,
+    threshold: float,
+    model_name: str,
+    model_version: str,
+) -> Alarm:
+    """Open an alarm. A second open alarm of the same stream and detector violates a unique
+    index: the engine closes before it re-opens."""
+    alarm = Alarm(
+        stream_id=stream_id,
+        detector=detector,
+        state="open",
+        opened_at=opened_at,
+        opened_sample=opened_sample,
+        closed_at=None,
+        closed_sample=None,
+        peak=peak,
+        threshold=threshold,
+        model_name=model_name,
+        model_version=model_version,
+        acknowledged_at=None,
+        acknowledged_by=None,
+    )
+    session.add(alarm)
+    session.flush()
+    return alarm
+
+
+def close(
+    session: Session,
+    alarm: Alarm,
+    *,
+    closed_at: datetime,
+    closed_sample: int,
+    peak: float | None = None,
+) -> Alarm:
+    if alarm.state != "open":
+        raise ValueError(f"alarm {alarm.id} is already closed")
+    alarm.state = "closed"
+    alarm.closed_at = closed_at
+    alarm.closed_sample = closed_sample
+    if peak is not None:
+        alarm.peak = peak
+    session.flush()
+    return alarm
+
+
+def get(session: Session, alarm_id: int) -> Alarm | None:
+    return session.get(Alarm, alarm_id)
+
+
+def require(session: Session, alarm_id: int) -> Alarm:
+    alarm = session.get(Alarm, alarm_id)
+    if alarm is None:
+        raise NotFoundError(f"alarm {alarm_id} does not exist", alarm=alarm_id)
+    return alarm
+
+
+def list_open(session: Session, *, stream_id: str | None = None) -> list[Alarm]:
+    """Open alarms (of one stream, or of all), one per stream and detector at most."""
+    statement = select(Alarm).where(Alarm.state == "open")
+    if stream_id is not None:
+        statement = statement.where(Alarm.stream_id == stream_id)
+    return list(session.scalars(statement.order_by(Alarm.stream_id, Alarm.detector)))
+
+
+def acknowledge(session: Session, alarm_id: int, *, by: str, now: datetime) -> Alarm:
+    """Mark the alarm acknowledged. Idempotent: the first acknowledgement is kept."""
+    alarm = session.get(Alarm, alarm_id, with_for_update=True)
+    if alarm is None:
+        raise NotFoundError(f"alarm {alarm_id} does not exist", alarm=alarm_id)
+    if alarm.acknowledged_at is None:
+        alarm.acknowledged_at = now
+        alarm.acknowledged_by = by
+        session.flush()
+    return alarm
+
+
+def page(
+    session: Session,
+    *,
+    stream_id: str | None = None,
+    detector: str | None = None,
+    state: AlarmState | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> AlarmPage:
+    """Alarms newest first (by opening time, then id) with `since <= opened_at < until`.
+
+    Keyset pagination: the cursor names the last row returned, so pages stay consistent while
+    new alarms arrive. Pass the same filters with the cursor.
+    """
+    if limit < 1:
+        raise DataError("limit must be at least 1")
+    statement = select(Alarm)
+    if stream_id is not None:
+        statement = statement.where(Alarm.stream_id == stream_id)
+    if detector is not None:
+        statement = statement.where(Alarm.detector == detector)
+    if state is not None:
+        statement = statement.where(Alarm.state == state)
+    if since is not None:
+        statement = statement.where(Alarm.opened_at >= since)
+    if until is not None:
+        statement = statement.where(Alarm.opened_at < until)
+    if cursor is not None:
+        after_at, after_id = decode_cursor(cursor)
+        statement = statement.where(
+            or_(
+                Alarm.opened_at < after_at,
+                and_(Alarm.opened_at == after_at, Alarm.id < after_id),
+            )
+        )
+    statement = statement.order_by(Alarm.opened_at.desc(), Alarm.id.desc()).limit(limit + 1)
+    rows = list(session.scalars(statement))
+    items = rows[:limit]
+    next_cursor = encode_cursor(items[-1]) if len(rows) > limit else None
+    return AlarmPage(items=items, next_cursor=next_cursor)
+
+
+def encode_cursor(alarm: Alarm) -> str:
+    raw = f"{alarm.opened_at.isoformat()}|{alarm.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, int]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        at_text, id_text = raw.split("|")
+        opened_at = datetime.fromisoformat(at_text)
+        alarm_id = int(id_text)
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise DataError("invalid cursor: pass back the next_cursor of a previous page") from None
+    if opened_at.tzinfo is None:
+        raise DataError("invalid cursor: pass back the next_cursor of a previous page")
+    return opened_at, alarm_id

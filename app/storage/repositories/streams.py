@@ -1,0 +1,112 @@
+"""Streams: configuration and how far each one has got."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete as sql_delete
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from app.errors import ConflictError, NotFoundError
+from app.storage.models import Stream
+
+
+def get(session: Session, stream_id: str, *, for_update: bool = False) -> Stream | None:
+    """The stream, or None. `for_update` locks its row until commit (PostgreSQL; SQLite
+    serialises writers anyway), so two batches of one stream cannot interleave."""
+    statement = select(Stream).where(Stream.id == stream_id)
+    if for_update:
+        statement = statement.with_for_update()
+    return session.scalars(statement).one_or_none()
+
+
+def require(session: Session, stream_id: str, *, for_update: bool = False) -> Stream:
+    stream = get(session, stream_id, for_update=for_update)
+    if stream is None:
+        raise NotFoundError(f"stream {stream_id!r} does not exist", stream=stream_id)
+    return stream
+
+
+def list_all(session: Session) -> list[Stream]:
+    return list(session.scalars(select(Stream).order_by(Stream.id)))
+
+
+def create(
+    session: Session,
+    *,
+    stream_id: str,
+    model_name: str,
+    channels: list[str],
+    sample_period_s: float,
+    has_reference: bool,
+    detector_overrides: dict[str, Any],
+    now: datetime,
+) -> Stream:
+    stream = Stream(
+        id=stream_id,
+        model_name=model_name,
+        channels=list(channels),
+        sample_period_s=sample_period_s,
+        has_reference=has_reference,
+        detector_overrides=dict(detector_overrides),
+        created_at=now,
+        updated_at=now,
+        last_t=None,
+        sample_count=0,
+    )
+    session.add(stream)
+    try:
+        session.flush()
+    except IntegrityError:
+        # Two creations raced (the other committed first), or the model is not registered.
+        raise ConflictError(
+            f"stream {stream_id!r} could not be created: it was created concurrently or model "
+            f"{model_name!r} is not registered; retry the request",
+            stream=stream_id,
+        ) from None
+    return stream
+
+
+def update(
+    session: Session,
+    stream: Stream,
+    *,
+    model_name: str,
+    channels: list[str],
+    sample_period_s: float,
+    has_reference: bool,
+    detector_overrides: dict[str, Any],
+    now: datetime,
+) -> Stream:
+    stream.model_name = model_name
+    stream.channels = list(channels)
+    stream.sample_period_s = sample_period_s
+    stream.has_reference = has_reference
+    stream.detector_overrides = dict(detector_overrides)
+    stream.updated_at = now
+    session.flush()
+    return stream
+
+
+def advance(
+    session: Session, stream: Stream, *, sample_count: int, last_t: datetime | None
+) -> Stream:
+    """Record that the stream has accepted `sample_count` readings, the last one at `last_t`."""
+    stream.sample_count = sample_count
+    stream.last_t = last_t
+    session.flush()
+    return stream
+
+
+def delete(session: Session, stream_id: str) -> None:
+    """Delete the stream with its alarms, checkpoint and readings (foreign-key cascade)."""
+    require(session, stream_id, for_update=True)
+    session.execute(
+        sql_delete(Stream).where(Stream.id == stream_id),
+        execution_options={"synchronize_session": False},
+    )
+    # Objects of the deleted rows may still sit in the identity map: make them reload (and fail).
+    session.expire_all()

@@ -1,0 +1,158 @@
+"""Start-up, models, health, readiness and the Prometheus endpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import create_engine, inspect
+
+from app.main import create_app
+from app.settings import Settings
+from app.storage import migrations
+from app.storage.db import Database
+from app.storage.repositories import model_entries
+from tests.integration.conftest import (
+    LAB_LIKE_THRESHOLDS,
+    AppFactory,
+    fake_loader,
+    write_fake_model,
+)
+
+
+def samples_of(client: TestClient) -> dict[str, list[tuple[dict[str, str], float]]]:
+    response = client.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    found: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            found.setdefault(sample.name, []).append((dict(sample.labels), sample.value))
+    return found
+
+
+def test_models_lists_what_loaded(client: TestClient) -> None:
+    items = client.get("/v1/models").json()["items"]
+    assert [item["name"] for item in items] == ["lstm-seed0", "naive-2ch"]  # not "broken"
+    default = items[0]
+    assert default["kind"] == "naive"
+    assert (default["window"], default["horizon"], default["n_channels"]) == (8, 1, 1)
+    assert default["thresholds"] == LAB_LIKE_THRESHOLDS
+    assert default["metrics"] == {"rmse": 0.133}
+    assert len(default["manifest_sha256"]) == 64
+    assert default["version"] == default["manifest_sha256"][:12]  # no version in the manifest
+    assert items[1]["version"] == "v2"
+
+
+def test_loaded_models_are_recorded_in_the_database(client: TestClient, database: Database) -> None:
+    with database.session() as session:
+        entries = {entry.name: entry for entry in model_entries.list_all(session)}
+    assert set(entries) == {"lstm-seed0", "naive-2ch"}
+    assert entries["lstm-seed0"].thresholds == LAB_LIKE_THRESHOLDS
+    assert entries["naive-2ch"].config["n_channels"] == 2
+    assert entries["naive-2ch"].version == "v2"
+
+
+def test_healthz_and_readyz(client: TestClient) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {
+        "status": "ready",
+        "checks": {"database": "ok", "models": "2 loaded"},
+    }
+
+
+def test_not_ready_without_the_default_model(make_client: AppFactory) -> None:
+    client = make_client(default_model="broken")
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.headers["content-type"] == "application/problem+json"
+    problem = response.json()
+    assert "default model 'broken' not loaded" in problem["detail"]
+    assert "weights truncated" in problem["detail"]
+    assert problem["checks"]["database"] == "ok"
+    assert client.get("/healthz").status_code == 200  # alive, just not ready
+
+
+def test_not_ready_when_the_database_is_gone(client: TestClient) -> None:
+    assert client.get("/readyz").status_code == 200
+    # An outage: the running app's engine now points at a port nobody listens on.
+    state = client.app_state["twinwatch"]
+    assert isinstance(state.database, Database)
+    state.database.engine.dispose()
+    state.database.engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.json()["checks"]["database"] == "database unreachable: OperationalError"
+    assert client.get("/healthz").status_code == 200
+
+
+def test_metrics_expose_model_info_and_stream_series(client: TestClient) -> None:
+    client.put("/v1/streams/pump-1", json={})
+    samples = samples_of(client)
+    info = {labels["model"]: (labels, value) for labels, value in samples["twinwatch_model_info"]}
+    assert set(info) == {"lstm-seed0", "naive-2ch"}
+    assert info["naive-2ch"] == ({"model": "naive-2ch", "version": "v2", "kind": "naive"}, 1.0)
+    assert samples["twinwatch_readings_total"] == [({"stream": "pump-1"}, 0.0)]
+    reasons = {labels["reason"] for labels, _ in samples["twinwatch_readings_rejected_total"]}
+    assert reasons == {"invalid", "conflict", "too_large"}
+    assert "twinwatch_ingest_duration_seconds_count" in samples
+
+    client.delete("/v1/streams/pump-1")
+    after = samples_of(client)
+    assert "twinwatch_readings_total" not in after
+    assert "twinwatch_readings_rejected_total" not in after
+
+
+def test_each_app_has_its_own_metrics(make_client: AppFactory) -> None:
+    first, second = make_client(), make_client()
+    first.put("/v1/streams/only-in-first", json={})
+    second_samples = samples_of(second)
+    # The second app's registry never saw the first app's PUT (they share the database, so a
+    # restart would: it pre-creates series for existing streams at start-up).
+    assert "twinwatch_readings_total" not in second_samples
+    third = make_client()
+    assert samples_of(third)["twinwatch_readings_total"] == [({"stream": "only-in-first"}, 0.0)]
+
+
+def test_first_start_migrates_an_empty_database(empty_database_url: str, tmp_path: Path) -> None:
+    models_dir = tmp_path / "models"
+    write_fake_model(models_dir, "lstm-seed0", thresholds=LAB_LIKE_THRESHOLDS)
+    settings = Settings(
+        database_url=empty_database_url,
+        models_dir=models_dir,
+        data_dir=tmp_path / "data",
+        migrate_on_start=True,
+    )
+    with TestClient(create_app(settings, artifact_loader=fake_loader)) as client:
+        assert client.get("/readyz").status_code == 200
+        assert client.put("/v1/streams/pump-1", json={}).status_code == 201
+    assert migrations.current(empty_database_url) == (migrations.head(),)
+    assert (tmp_path / "data").is_dir()
+    engine = create_engine(empty_database_url)
+    try:
+        assert "streams" in inspect(engine).get_table_names()
+    finally:
+        engine.dispose()
+
+
+def test_default_settings_need_nothing_but_a_data_directory(tmp_path: Path) -> None:
+    models_dir = tmp_path / "models"
+    write_fake_model(models_dir, "lstm-seed0", thresholds=LAB_LIKE_THRESHOLDS)
+    settings = Settings(data_dir=tmp_path / "fresh" / "data", models_dir=models_dir)
+    assert settings.database_url == f"sqlite:///{tmp_path}/fresh/data/twinwatch.db"
+    with TestClient(create_app(settings, artifact_loader=fake_loader)) as client:
+        assert client.get("/readyz").status_code == 200
+    assert (tmp_path / "fresh" / "data" / "twinwatch.db").is_file()
+
+
+def test_a_missing_models_directory_starts_but_is_not_ready(
+    make_client: AppFactory, tmp_path: Path
+) -> None:
+    client = make_client(models_dir=tmp_path / "nowhere")
+    assert client.get("/v1/models").json() == {"items": []}
+    assert client.get("/readyz").status_code == 503
+    assert client.put("/v1/streams/pump-1", json={}).status_code == 422

@@ -1,0 +1,166 @@
+"""Every kind of bad request gets an RFC 9457 problem answer, never a 500."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from tests.integration.conftest import AppFactory
+
+PROBLEM = "application/problem+json"
+PROBLEM_KEYS = {"type", "title", "status", "detail", "instance"}
+
+
+def assert_problem(response: httpx.Response, status: int, slug: str) -> dict[str, Any]:
+    assert response.status_code == status, response.json()
+    assert response.headers["content-type"] == PROBLEM
+    body: dict[str, Any] = response.json()
+    assert set(body) >= PROBLEM_KEYS
+    assert body["status"] == status
+    assert body["type"] == f"https://twinwatch.dev/problems/{slug}"
+    return body
+
+
+def test_malformed_json_is_400(client: TestClient) -> None:
+    response = client.put(
+        "/v1/streams/pump-1",
+        content=b'{"channels": [',
+        headers={"content-type": "application/json"},
+    )
+    body = assert_problem(response, 400, "malformed-json")
+    assert body["title"] == "Malformed JSON"
+    assert body["instance"] == "/v1/streams/pump-1"
+    assert client.get("/v1/streams/pump-1").status_code == 404
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000 + b"]" * 100_000,  # deeper than the JSON parser's recursion limit
+        b'{"model": "\xff"}',  # not UTF-8
+        b'{"sample_period_s": 1' + b"0" * 5000 + b"}",  # integer too long to convert
+    ],
+    ids=["deep", "not-utf8", "huge-int"],
+)
+def test_unparseable_bodies_are_400(client: TestClient, body: bytes) -> None:
+    response = client.put(
+        "/v1/streams/pump-1", content=body, headers={"content-type": "application/json"}
+    )
+    assert_problem(response, 400, "bad-request")
+
+
+@pytest.mark.parametrize(
+    ("content", "headers"),
+    [
+        (b"", {}),
+        (b"null", {"content-type": "application/json"}),
+        (b"{}", {"content-type": "text/plain"}),
+    ],
+    ids=["empty", "null", "not-json-content-type"],
+)
+def test_missing_or_non_object_bodies_are_422(
+    client: TestClient, content: bytes, headers: dict[str, str]
+) -> None:
+    response = client.put("/v1/streams/pump-1", content=content, headers=headers)
+    body = assert_problem(response, 422, "validation-error")
+    assert body["errors"][0]["field"] == "body"
+
+
+def test_a_bug_is_a_500_problem_without_internals(make_client: AppFactory) -> None:
+    client = make_client()
+
+    @client.app.get("/boom")  # type: ignore[attr-defined, misc]
+    def boom() -> None:
+        raise RuntimeError("secret internal detail")
+
+    response = TestClient(client.app, raise_server_exceptions=False).get("/boom")
+    body = assert_problem(response, 500, "internal-error")
+    assert "secret" not in response.text
+    assert body["detail"] == "an unexpected error occurred; it has been logged"
+
+
+def test_wrong_types_are_422_with_fields(client: TestClient) -> None:
+    response = client.put("/v1/streams/pump-1", json={"channels": "value", "sample_period_s": "x"})
+    body = assert_problem(response, 422, "validation-error")
+    errors = body["errors"]
+    assert isinstance(errors, list)
+    assert {error["field"] for error in errors} == {"body.channels", "body.sample_period_s"}
+    assert all(error["message"] and error["type"] for error in errors)
+    not_an_object = client.put("/v1/streams/pump-1", json=[1, 2])
+    assert_problem(not_an_object, 422, "validation-error")
+
+
+def test_unknown_stream_is_404(client: TestClient) -> None:
+    body = assert_problem(client.get("/v1/streams/ghost"), 404, "not-found")
+    assert body["detail"] == "stream 'ghost' does not exist"
+    assert body["stream"] == "ghost"
+
+
+def test_unknown_route_and_wrong_method(client: TestClient) -> None:
+    body = assert_problem(client.get("/v2/nothing"), 404, "not-found")
+    assert body["detail"] == "no endpoint at /v2/nothing"
+    wrong = client.patch("/v1/streams/pump-1", json={})
+    body = assert_problem(wrong, 405, "method-not-allowed")
+    assert "PATCH is not allowed" in str(body["detail"])
+    assert "PUT" in wrong.headers["allow"]
+
+
+@pytest.fixture
+def small_body_client(make_client: AppFactory) -> Iterator[TestClient]:
+    yield make_client(max_body_bytes=2048)
+
+
+def test_oversize_body_is_413_when_announced(small_body_client: TestClient) -> None:
+    big = b'{"channels": ["' + b"v" * 4000 + b'"]}'
+    response = small_body_client.put(
+        "/v1/streams/pump-1", content=big, headers={"content-type": "application/json"}
+    )
+    body = assert_problem(response, 413, "payload-too-large")
+    assert "exceeds 2048 bytes" in str(body["detail"])
+    assert small_body_client.get("/v1/streams/pump-1").status_code == 404
+
+
+def test_oversize_body_is_413_when_streamed(small_body_client: TestClient) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"channels": ["'
+        for _ in range(10):
+            yield b"v" * 500
+        yield b'"]}'
+
+    # A generator body is sent chunked, without Content-Length: the limit counts as it reads.
+    response = small_body_client.put(
+        "/v1/streams/pump-1", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert_problem(response, 413, "payload-too-large")
+    assert small_body_client.get("/v1/streams/pump-1").status_code == 404
+    # A body under the limit still works.
+    assert small_body_client.put("/v1/streams/pump-1", json={}).status_code == 201
+
+
+def test_openapi_documents_the_api(client: TestClient) -> None:
+    schema = client.get("/openapi.json").json()
+    paths = schema["paths"]
+    for path, method in [
+        ("/v1/streams/{stream_id}", "put"),
+        ("/v1/streams/{stream_id}", "get"),
+        ("/v1/streams/{stream_id}", "delete"),
+        ("/v1/streams", "get"),
+        ("/v1/alarms", "get"),
+        ("/v1/alarms/{alarm_id}", "get"),
+        ("/v1/alarms/{alarm_id}/acknowledge", "post"),
+        ("/v1/models", "get"),
+        ("/healthz", "get"),
+        ("/readyz", "get"),
+        ("/metrics", "get"),
+    ]:
+        assert method in paths[path], (path, method)
+    put = paths["/v1/streams/{stream_id}"]["put"]
+    assert put["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "/StreamOut"
+    )
+    assert "application/problem+json" in put["responses"]["422"]["content"]
+    assert "Problem" in schema["components"]["schemas"]

@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.forecasting.linear_ar import LinearAR
+from app.monitoring.alarms import AlarmEvent, AlarmPolicy
+from app.monitoring.calibration import HoldOut, calibrate_margins
+from app.monitoring.evaluation import (
+    MonitoredRecord,
+    incidents,
+    monitor_record,
+    normal_day_false_alarms,
+    record_inputs,
+    score_faults,
+)
+from app.monitoring.monitor import MonitorConfig, PointConfig
+from app.monitoring.plots import plot_record
+from app.series import Series
+from app.simulation.faults import LAB_FAULTS, Fault, FaultType, load_schedule
+
+Lab = tuple[MonitorConfig, MonitoredRecord, list[Fault]]
+
+
+def test_counting_rules_detection_window_recovery_and_precision() -> None:
+    residuals = np.zeros(1000)
+    faults = [Fault(type=FaultType.SPIKE, start=300, end=301)]
+    residuals[[300, 301]] = 5.0  # one event (m = 10 merges the pair), delay 0
+    residuals[318] = 5.0  # a second event still inside [start, end + 20)
+    residuals[340] = 5.0  # inside the 70 recovery samples: neither caught nor false
+    residuals[[600, 700]] = 5.0  # two false alarms on normal samples
+    residuals[50] = 5.0  # before scoring starts: ignored
+    config = MonitorConfig(alarm=AlarmPolicy(m=10), detectors=[PointConfig(threshold=1.0)])
+    record = monitor_record(config, residuals, None)
+    report = score_faults(record, faults, score_from=100, sample_period_s=0.1)
+    point = report["faults"][0]["detectors"]["point"]
+    assert point == {"events": 2, "alarm_samples": 3, "first_delay": 0}
+    assert report["faults"][0]["caught_by"] == ["point"]
+    assert report["normal_samples"] == 900 - 71
+    assert report["false_alarm_events"]["point"] == 2
+    assert report["false_alarm_events_per_day"]["point"] == pytest.approx(2 / (829 * 0.1 / 86400))
+    assert report["precision"]["point"] == pytest.approx(2 / 4)
+
+
+def test_a_missed_fault_has_no_delay() -> None:
+    config = MonitorConfig(detectors=[PointConfig(threshold=1.0)])
+    record = monitor_record(config, np.zeros(500), None)
+    faults = [Fault(type=FaultType.OFFSET, start=200, end=300)]
+    report = score_faults(record, faults, score_from=0, sample_period_s=0.1)
+    assert report["faults"][0]["detectors"]["point"]["first_delay"] is None
+    assert report["precision"]["point"] is None  # no events at all: undefined, not 0 or 1
+
+
+def test_incidents_merge_overlapping_events_of_different_detectors() -> None:
+    events = [
+        AlarmEvent("point", 10, 12, 1.0, 0.5),
+        AlarmEvent("cusum", 11, 30, 9.0, 5.0),
+        AlarmEvent("level", 40, None, 1.0, 0.1),
+    ]
+    assert incidents(events, stop=100) == [(10, 30), (40, 100)]
+
+
+@pytest.fixture(scope="module")
+def lab_record(seed0: Series, seed0_lab: Series) -> Lab:
+    forecaster = LinearAR().fit(seed0.matrix(["value"]), train_end=6000)
+    residuals, gaps = record_inputs(forecaster, seed0_lab, ["value"])
+    assert gaps is not None
+    config = calibrate_margins(HoldOut(residuals[6000:7000], gaps[6000:7000]))
+    return config, monitor_record(config, residuals, gaps), list(LAB_FAULTS)
+
+
+def test_the_lab_scenario_with_a_linear_forecaster(lab_record: Lab, data_dir: Path) -> None:
+    _, record, faults = lab_record
+    assert faults == load_schedule(data_dir / "twin_seed0_lab_faults.faults.json")
+    report = score_faults(record, faults, score_from=7000, sample_period_s=0.1)
+    spike, offset, excitation, stuck = (f["detectors"] for f in report["faults"])
+    assert spike["point"]["first_delay"] == 0
+    assert offset["point"]["first_delay"] == 0
+    assert excitation["rolling_rms"]["first_delay"] <= 110
+    assert excitation["cusum"]["first_delay"] < excitation["rolling_rms"]["first_delay"]
+    assert 15 <= stuck["variance_floor"]["first_delay"] <= 25
+    assert stuck["point"]["first_delay"] == 100  # a frozen sensor shows only on release
+    assert report["normal_samples"] == 239
+    assert report["false_alarm_events"]["point"] == 0
+    assert report["false_alarm_events"]["variance_floor"] == 0
+    # The level detector holds the offset alarm for the offset's whole duration.
+    level = [e for e in record.events if e.detector == "level" and 7250 <= e.start < 7370]
+    assert len(level) == 1 and level[0].start <= 7252 and level[0].end >= 7350
+
+
+def test_plot_is_written(lab_record: Lab, tmp_path: Path) -> None:
+    config, record, faults = lab_record
+    path = plot_record(record, config, faults, tmp_path / "plots" / "monitor.png", start=6000)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert path.stat().st_size > 20_000
+
+
+def test_clean_simulated_days_count_false_alarm_events_per_day(
+    lab_record: Lab, seed0: Series
+) -> None:
+    config, _, _ = lab_record
+    forecaster = LinearAR().fit(seed0.matrix(["value"]), train_end=6000)
+    report = normal_day_false_alarms(forecaster, config, ["value"], days=0.02, seed=3)
+    assert report["samples"] == 17280
+    counts = report["false_alarm_events"]
+    assert counts["total"] == sum(counts[k] for k in config.thresholds())
+    assert counts["any"] <= counts["total"]
+    assert report["false_alarm_events_per_day"]["total"] == pytest.approx(
+        counts["total"] / ((17280 - 64) * 0.1 / 86400)
+    )
+    first, last = report["residual_std_first_last_tenth"]
+    assert last == pytest.approx(first, rel=0.2)  # the rising level does not inflate residuals

@@ -1,0 +1,69 @@
+"""Settings come from TWINWATCH_* variables, with defaults that need nothing else."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from app.errors import AppError
+from app.settings import Settings, load_settings
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(os.environ):
+        if name.startswith("TWINWATCH_"):
+            monkeypatch.delenv(name)
+
+
+def test_defaults() -> None:
+    settings = Settings()
+    assert settings.database_url == "sqlite:///data/twinwatch.db"
+    assert settings.models_dir == Path("models")
+    assert settings.default_model == "lstm-seed0"
+    assert settings.api_token is None
+    assert settings.max_batch == 10_000
+    assert settings.max_body_bytes == 8 * 1024 * 1024
+    assert settings.migrate_on_start is True
+
+
+def test_environment_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TWINWATCH_DATA_DIR", str(tmp_path / "d"))
+    monkeypatch.setenv("TWINWATCH_MAX_BATCH", "500")
+    monkeypatch.setenv("TWINWATCH_LOG_LEVEL", "DEBUG")
+    monkeypatch.setenv("TWINWATCH_API_TOKEN", "x" * 20)
+    monkeypatch.setenv("TWINWATCH_MIGRATE_ON_START", "false")
+    settings = Settings()
+    assert settings.database_url == f"sqlite:///{tmp_path}/d/twinwatch.db"
+    assert settings.max_batch == 500
+    assert settings.log_level == "debug"
+    assert settings.api_token is not None and settings.api_token.get_secret_value() == "x" * 20
+    assert "x" * 20 not in repr(settings)  # the secret never shows in logs
+    assert settings.migrate_on_start is False
+
+    monkeypatch.setenv("TWINWATCH_DATABASE_URL", "postgresql+psycopg://u@h/db")
+    assert Settings().database_url == "postgresql+psycopg://u@h/db"
+
+
+def test_an_empty_token_means_no_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TWINWATCH_API_TOKEN", "")
+    assert Settings().api_token is None
+
+
+def test_weak_or_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValidationError, match="at least 16 characters"):
+        Settings(api_token="short")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError):
+        Settings(max_batch=0)
+    monkeypatch.setenv("TWINWATCH_PORT", "http")
+    with pytest.raises(AppError, match="TWINWATCH_PORT"):
+        load_settings()
+
+
+def test_prepare_directories_creates_the_data_dir(tmp_path: Path) -> None:
+    settings = Settings(data_dir=tmp_path / "a" / "b")
+    settings.prepare_directories()
+    assert (tmp_path / "a" / "b").is_dir()
