@@ -17,6 +17,7 @@ from app.cli import monitoring as _monitoring  # noqa: F401  (registers commands
 from app.cli import service as _service  # noqa: F401  (registers commands)
 from app.cli import simulate as _simulate  # noqa: F401  (registers commands)
 from app.cli import train as _train  # noqa: F401  (registers commands)
+from app.cli import twin as _twin  # noqa: F401  (registers commands)
 from app.cli.root import cli
 from app.errors import AppError
 

@@ -51,8 +51,17 @@ def record_inputs(
 ) -> tuple[FloatArray, FloatArray | None]:
     """Residuals of the forecaster's target and the reading-minus-reference gaps (if any)."""
     residuals = one_step_residuals(forecaster, series.matrix(list(channels)))
-    gaps = None if series.reference is None else reference_gap(series.value, series.reference)
-    return residuals, gaps
+    return residuals, warm_reference_gaps(series, forecaster.window)
+
+
+def warm_reference_gaps(series: Series, window: int) -> FloatArray | None:
+    """Reading minus reference, NaN for the first `window` samples: like the live engine, which
+    feeds its monitor nothing before the stream's forecast window is warm."""
+    if series.reference is None:
+        return None
+    gaps = np.array(reference_gap(series.value, series.reference), dtype=np.float64)
+    gaps[:window] = np.nan
+    return gaps
 
 
 def monitor_record(

@@ -2,7 +2,7 @@
 
     config = MonitorConfig.from_manifest(loaded.manifest)   # thresholds written by calibrate
     monitor = Monitor(config)                               # one per stream
-    step = monitor.update(residual, reference_gap=value - reference)
+    step = monitor.update(residual, reference_gap=reference_gap(value, reference))  # or None
     step.statistics, step.opened, step.closed               # per-detector values, transitions
     saved = monitor.state_dict()            # JSON; resume with Monitor.from_state(config, saved)
     run = monitor.run(residuals, reference_gaps)            # batch: same numbers, same events
@@ -32,6 +32,7 @@ from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule
 from app.monitoring.detectors import (
     CusumDetector,
     Detector,
+    F,
     FloatArray,
     LevelDetector,
     MahalanobisDetector,
@@ -72,6 +73,7 @@ class CusumConfig(_DetectorConfig):
     kind: Literal["cusum"] = "cusum"
     sigma: float = Field(gt=0, allow_inf_nan=False)
     kappa: float = Field(gt=0, allow_inf_nan=False)
+    clip: float | None = Field(default=None, gt=0, allow_inf_nan=False)
 
 
 class LevelConfig(_DetectorConfig):
@@ -157,7 +159,9 @@ def build_detector(config: DetectorConfig) -> Detector:
     if isinstance(config, VarianceFloorConfig):
         return VarianceFloorDetector(threshold=threshold, window=config.window)
     if isinstance(config, CusumConfig):
-        return CusumDetector(threshold=threshold, sigma=config.sigma, kappa=config.kappa)
+        return CusumDetector(
+            threshold=threshold, sigma=config.sigma, kappa=config.kappa, clip=config.clip
+        )
     if isinstance(config, LevelConfig):
         return LevelDetector(threshold=threshold, window=config.window)
     return MahalanobisDetector(threshold=threshold, covariance=config.covariance)
@@ -290,7 +294,7 @@ class Monitor:
         if reference_gaps is not None:
             gaps = np.asarray(reference_gaps, dtype=np.float64)
             if gaps.shape != (count,):
-                raise DataError(f"{gaps.shape[0]} reference gaps for {count} residuals")
+                raise DataError(f"reference gaps of shape {gaps.shape} for {count} residuals")
             _refuse_infinite(gaps, "reference gap", self._sample)
         samples = np.arange(self._sample, self._sample + count, dtype=np.int64)
         statistics: dict[str, FloatArray] = {}
@@ -376,8 +380,7 @@ def _refuse_infinite(values: NDArray[np.float64], what: str, offset: int) -> Non
         raise DataError(f"sample {offset + index}: the {what} is infinite")
 
 
-def reference_gap(
-    value: NDArray[np.float64], reference: NDArray[np.float64]
-) -> NDArray[np.float64]:
-    """What the level detector watches: the reading minus the reference sent with it."""
-    return np.asarray(value, dtype=np.float64) - np.asarray(reference, dtype=np.float64)
+def reference_gap(value: F, reference: F) -> F:
+    """What the level detector watches: the reading minus the reference sent with it (floats for
+    one reading, arrays for a record)."""
+    return value - reference

@@ -8,7 +8,6 @@ residuals to the core.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +24,16 @@ from app.monitoring.calibration import (
 )
 from app.monitoring.detectors import FloatArray
 from app.monitoring.evaluation import (
+    RECOVERY,
     monitor_record,
     normal_day_false_alarms,
     record_inputs,
     score_faults,
+    warm_reference_gaps,
 )
 from app.monitoring.monitor import MonitorConfig
 from app.monitoring.plots import plot_record
+from app.monitoring.residuals import one_step_residuals
 from app.series import VALUE_COLUMN, Series, read_csv
 from app.simulation.faults import Fault, load_schedule
 
@@ -91,30 +93,11 @@ def train_end(loaded: LoadedModel) -> int:
     return value if isinstance(value, int) else 0
 
 
-@dataclass(frozen=True)
-class Prepared:
-    """A record with the forecaster's residuals over it."""
-
-    loaded: LoadedModel
-    path: Path
-    series: Series
-    residuals: FloatArray
-    reference_gaps: FloatArray | None
-    forecast_seconds: float
-
-
-def prepare(model: Path, data: Path) -> Prepared:
-    loaded = load_model(model)
-    series = read_csv(data)
-    started = time.perf_counter()
-    residuals, gaps = record_inputs(loaded.forecaster, series, model_channels(loaded))
-    return Prepared(loaded, data, series, residuals, gaps, time.perf_counter() - started)
-
-
-def holdout_of(prepared: Prepared, text: str) -> HoldOut:
-    """The hold-out slice, refused when it cannot hold a single full detector window."""
-    start, stop = parse_range(text, len(prepared.series))
-    window = prepared.loaded.forecaster.window
+def _check_holdout(loaded: LoadedModel, series: Series, text: str) -> tuple[int, int]:
+    """The hold-out range, refused when it cannot hold a full detector window (before any
+    forecasting, so a typo costs nothing)."""
+    start, stop = parse_range(text, len(series))
+    window = loaded.forecaster.window
     first = max(start, window)
     settings = DetectorSettings()
     needed = max(settings.rms_window, settings.floor_window, settings.level_window) + MIN_HOLDOUT
@@ -123,14 +106,19 @@ def holdout_of(prepared: Prepared, text: str) -> HoldOut:
             f"--holdout {text}: only {max(0, stop - first)} residuals (the first {window} samples "
             f"of the data have no full forecast window); need at least {needed}"
         )
-    gaps = None if prepared.reference_gaps is None else prepared.reference_gaps[start:stop]
-    description = {
-        "data": str(prepared.path),
-        "data_sha256": prepared.series.sha256(),
-        "start": start,
-        "stop": stop,
-    }
-    return HoldOut(prepared.residuals[start:stop], gaps, description)
+    return start, stop
+
+
+def _holdout(
+    path: Path,
+    series: Series,
+    residuals: FloatArray,
+    gaps: FloatArray | None,
+    start: int,
+    stop: int,
+) -> HoldOut:
+    description = {"data": str(path), "data_sha256": series.sha256(), "start": start, "stop": stop}
+    return HoldOut(residuals[start:stop], None if gaps is None else gaps[start:stop], description)
 
 
 def calibrate(
@@ -143,17 +131,23 @@ def calibrate(
     alarm: AlarmPolicy | None = None,
 ) -> MonitorConfig:
     """Thresholds from the hold-out, written into the model's manifest as `thresholds`."""
-    prepared = prepare(model, data)
-    held = holdout_of(prepared, holdout)
-    start = held.description["start"]
-    end = train_end(prepared.loaded)
-    if start < end and prepared.series.sha256() == _training(prepared.loaded).get("data_sha256"):
+    loaded = load_model(model)
+    series = read_csv(data)
+    start, stop = _check_holdout(loaded, series, holdout)
+    end = train_end(loaded)
+    if start < end and series.sha256() == _training(loaded).get("data_sha256"):
         raise DataError(
             f"--holdout {holdout} overlaps the samples before {end} this model trained on; "
             "thresholds must come from data the model never saw"
         )
     settings = DetectorSettings(alarm=alarm or AlarmPolicy())
-    period = sample_period(prepared.series, sample_period_s)
+    period = sample_period(series, sample_period_s)
+    # Only the hold-out is forecast: on a file of several days that is most of the cost.
+    residuals = one_step_residuals(
+        loaded.forecaster, series.matrix(model_channels(loaded)), start=start, stop=stop
+    )
+    gaps = warm_reference_gaps(series, loaded.forecaster.window)
+    held = _holdout(data, series, residuals, gaps, start, stop)
     if false_alarms_per_day is None:
         config = calibrate_margins(held, settings)
     else:
@@ -190,28 +184,33 @@ def evaluate(
     started = time.perf_counter()
     if normal_days is not None and (seed is None or not normal_days > 0):
         raise DataError("--normal-days needs a positive number of days and --seed")
-    prepared = prepare(model, data)
-    faults = load_faults(faults_path, len(prepared.series))
-    period = sample_period(prepared.series, sample_period_s)
+    loaded = load_model(model)
+    series = read_csv(data)
+    faults = load_faults(faults_path, len(series))
+    period = sample_period(series, sample_period_s)
     if holdout is not None:
-        held = holdout_of(prepared, holdout)
-        start, stop = held.description["start"], held.description["stop"]
+        start, stop = _check_holdout(loaded, series, holdout)
         for fault in faults:
-            if fault.start < stop and start < fault.end + 70:
+            if fault.start < stop and start < fault.end + RECOVERY:
                 raise DataError(
                     f"--holdout {holdout} overlaps the {fault.type.value} fault at "
                     f"{fault.start}..{fault.end}: thresholds must come from normal data"
                 )
-        config = calibrate_margins(held)
-        score_from = stop
+        score_from, plot_from = stop, start
     else:
-        config = MonitorConfig.from_manifest(prepared.loaded.manifest)
-        score_from = max(train_end(prepared.loaded), prepared.loaded.forecaster.window)
-    if config.channels != 1:
-        raise DataError(
-            f"the thresholds are for {config.channels} residual channels; this model forecasts one"
-        )
-    record = monitor_record(config, prepared.residuals, prepared.reference_gaps)
+        config = MonitorConfig.from_manifest(loaded.manifest)
+        if config.channels != 1:
+            raise DataError(
+                f"the thresholds are for {config.channels} residual channels; "
+                "this model forecasts one"
+            )
+        score_from = plot_from = max(train_end(loaded), loaded.forecaster.window)
+    forecast_started = time.perf_counter()
+    residuals, gaps = record_inputs(loaded.forecaster, series, model_channels(loaded))
+    forecast_seconds = time.perf_counter() - forecast_started
+    if holdout is not None:
+        config = calibrate_margins(_holdout(data, series, residuals, gaps, start, stop))
+    record = monitor_record(config, residuals, gaps)
     report: dict[str, Any] = {
         "model": str(model),
         "data": str(data),
@@ -220,18 +219,16 @@ def evaluate(
         "detector_config": config.model_dump(mode="json", exclude={"calibration"}),
         "calibration": config.calibration,
         "sample_period_s": period,
-        "forecast_seconds": prepared.forecast_seconds,
+        "forecast_seconds": forecast_seconds,
     }
     if plots is not None:
-        first = held.description["start"] if holdout is not None else score_from
-        report["plots"] = [
-            str(plot_record(record, config, faults, plots / "monitor.png", start=first))
-        ]
+        path = plot_record(record, config, faults, plots / "monitor.png", start=plot_from)
+        report["plots"] = [str(path)]
     if normal_days is not None and seed is not None:
         report["normal_days"] = normal_day_false_alarms(
-            prepared.loaded.forecaster,
+            loaded.forecaster,
             config,
-            model_channels(prepared.loaded),
+            model_channels(loaded),
             days=normal_days,
             seed=seed,
             sample_period_s=period,

@@ -17,8 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.forecasting.artifacts import load_model
 from app.main import create_app
-from app.monitoring.monitor import Monitor, MonitorConfig
-from app.monitoring.residuals import one_step_residuals
+from app.monitoring.evaluation import monitor_record, record_inputs
+from app.monitoring.monitor import MonitorConfig
 from app.series import Series
 from app.settings import Settings
 from app.storage.db import Database
@@ -86,15 +86,12 @@ def offline(
 ) -> tuple[np.ndarray, list[tuple[str, int, int | None]]]:
     """What `twinwatch evaluate monitor` computes on the same slice of the record."""
     loaded = load_model(model_dir)
-    values = series.value[START:STOP]
-    assert series.reference is not None
-    residuals = one_step_residuals(loaded.forecaster, values[:, None])
-    gaps = values - series.reference[START:STOP]
-    gaps[: loaded.forecaster.window] = np.nan
-    monitor = Monitor(MonitorConfig.from_manifest(loaded.manifest))
-    run = monitor.run(residuals, gaps)
-    events = run.events(monitor.open_events())
-    return residuals, sorted((e.detector, e.start, e.cleared_at) for e in events)
+    piece = Series(
+        t=series.t[START:STOP], columns={k: v[START:STOP] for k, v in series.columns.items()}
+    )
+    residuals, gaps = record_inputs(loaded.forecaster, piece, ["value"])
+    record = monitor_record(MonitorConfig.from_manifest(loaded.manifest), residuals, gaps)
+    return residuals, sorted((e.detector, e.start, e.cleared_at) for e in record.events)
 
 
 def alarm_rows(client: TestClient) -> list[dict[str, Any]]:

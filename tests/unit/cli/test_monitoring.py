@@ -12,6 +12,7 @@ from app.forecasting.artifacts import load_model, save_model
 from app.forecasting.linear_ar import LinearAR
 from app.monitoring.monitor import MonitorConfig
 from app.series import Series, read_csv, write_csv
+from app.simulation.twin import simulate_series
 
 LAB = "twin_seed0_lab_faults"
 
@@ -78,6 +79,23 @@ def test_calibrate_for_a_rate_says_what_the_holdout_supports(
     assert config.calibration["false_alarms_per_day"] == 1.0
     assert config.calibration["sample_period_s"] == pytest.approx(0.1)  # from the data's t
     assert config.alarm.m == 30
+
+
+def test_calibrate_on_a_separate_file_of_normal_operation(
+    model: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    holdout = tmp_path / "normal_seed3.csv"
+    write_csv(simulate_series(3, 3000), holdout)
+    args = ["calibrate", "--model", str(model), "--data", str(holdout), "--holdout", "all"]
+    code, _, err = run(args, monkeypatch, capsys)
+    assert code == 0, err
+    calibration = MonitorConfig.from_manifest(load_model(model).manifest).calibration
+    assert calibration["holdout"]["data"] == str(holdout)
+    assert (calibration["holdout"]["start"], calibration["holdout"]["stop"]) == (0, 3000)
+    assert calibration["holdout"]["valid_samples"] == 3000 - 64  # the first window has no forecast
 
 
 def test_evaluate_monitor_writes_the_report_of_the_issue(

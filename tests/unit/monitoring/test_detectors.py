@@ -59,6 +59,13 @@ def test_cusum_by_hand_restarts_after_signalling(form: Form) -> None:
     assert got == [2.5, 1.0, 8.5, 16.0, 0.0]
 
 
+@pytest.mark.parametrize("form", [incremental, batch])
+def test_cusum_clip_bounds_the_evidence_of_one_sample(form: Form) -> None:
+    # min(r^2, 4) - 1: a 10-sigma outlier adds 3, like a 2-sigma one; small ones are untouched.
+    detector = CusumDetector(threshold=100.0, sigma=1.0, kappa=1.0, clip=4.0)
+    assert form(detector, [10.0, 2.0, 0.5]) == [3.0, 6.0, 5.25]
+
+
 def test_cusum_kappa_is_the_likelihood_ratio_allowance_for_doubled_variance() -> None:
     assert cusum_kappa() == pytest.approx(2 * math.log(2))
     assert 1.0 < cusum_kappa() < 1.5
@@ -96,11 +103,14 @@ def make(kind: str) -> Detector:
         "rolling_rms": lambda: RollingRMSDetector(threshold=1.0, window=50),
         "variance_floor": lambda: VarianceFloorDetector(threshold=0.3, window=20),
         "cusum": lambda: CusumDetector(threshold=8.0, sigma=0.9, kappa=1.3),
+        "cusum_clipped": lambda: CusumDetector(threshold=8.0, sigma=0.9, kappa=1.3, clip=9.0),
         "level": lambda: LevelDetector(threshold=0.5, window=10),
     }[kind]()
 
 
-@pytest.mark.parametrize("kind", ["point", "rolling_rms", "variance_floor", "cusum", "level"])
+@pytest.mark.parametrize(
+    "kind", ["point", "rolling_rms", "variance_floor", "cusum", "cusum_clipped", "level"]
+)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_incremental_equals_batch_bit_for_bit(kind: str, seed: int) -> None:
     rng = np.random.default_rng(seed)

@@ -25,7 +25,7 @@ def config(channels: int = 1, policy: AlarmPolicy | None = None) -> MonitorConfi
         PointConfig(threshold=2.5),
         RollingRMSConfig(threshold=1.3, window=30),
         VarianceFloorConfig(threshold=0.45, window=8, alarm=AlarmPolicy(k=2, n=4, m=6)),
-        CusumConfig(threshold=9.0, sigma=1.0, kappa=1.4),
+        CusumConfig(threshold=9.0, sigma=1.0, kappa=1.4, clip=9.0),
         LevelConfig(threshold=0.3, window=5),
     ]
     if channels > 1:

