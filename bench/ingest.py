@@ -13,9 +13,9 @@ starts. The configurations run round-robin in one session, `--repeats` times, an
 shows the best and the median (the machine is shared: ratios within a session are what count).
 
     python bench/ingest.py                          # SQLite and PostgreSQL, 3 repeats
-    python bench/ingest.py --quick                  # a smoke run (~1 minute)
+    python bench/ingest.py --quick                  # a smoke run (1-2 minutes)
     python bench/ingest.py --database sqlite --json out.json
-    python bench/ingest.py --quick --profile prof/  # + py-spy profiles, time per category
+    python bench/ingest.py --quick --profile prof/  # + py-spy profiles: time per stage
 
 PostgreSQL URL: --postgres-url, else $TWINWATCH_BENCH_DATABASE_URL, else
 $TWINWATCH_TEST_DATABASE_URL, else postgresql+psycopg://postgres@127.0.0.1:5432/test.
@@ -28,6 +28,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import signal
 import statistics
 import subprocess
@@ -53,7 +54,7 @@ from harness import (
 )
 from stacks import summarise_profile
 
-from app.simulation.twin import simulate_series
+from app.simulation.twin import DuffingMachine, simulate_series
 
 WARMUP_READINGS = 100  # more than the model's window of 64: every timed reading is forecast
 READINGS_PATH = "/v1/streams/{stream}/readings"
@@ -69,9 +70,6 @@ class Workload:
     batch: int
     requests: int  # per stream
     quick_requests: int
-
-    def readings(self, quick: bool) -> int:
-        return self.streams * self.batch * (self.quick_requests if quick else self.requests)
 
 
 WORKLOADS = (
@@ -120,7 +118,6 @@ class Measurement:
 
 @dataclass
 class Session:
-    quick: bool
     values: np.ndarray
     measurements: list[Measurement] = field(default_factory=list)
     profiles: dict[str, Any] = field(default_factory=dict)
@@ -129,7 +126,8 @@ class Session:
 def series_values(count: int) -> np.ndarray:
     """The twin (seed 1) with its slow drift removed, so a long stream stays in training range."""
     series = simulate_series(1, count)
-    return np.asarray(series.value - 1e-3 * np.arange(count), dtype=np.float64)
+    drift = DuffingMachine().drift_per_sample * np.arange(count)
+    return np.asarray(series.value - drift, dtype=np.float64)
 
 
 def expected_prefix(count: int) -> bytes:
@@ -217,7 +215,9 @@ def profile_workload(
 ) -> dict[str, Any]:
     """Run the workload once under py-spy (sampling every thread, idle included)."""
     raw = out / f"{target.name}-{workload.key}.txt"
-    py_spy = str(Path(sys.executable).with_name("py-spy"))
+    py_spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(py_spy).is_file():
+        raise SystemExit("--profile needs py-spy: pip install 'py-spy>=0.4,<1'")
     command = [py_spy, "record", "--pid", str(target.server.pid), "--rate", "1000", "--idle"]
     command += ["--format", "raw", "--output", str(raw), "--nonblocking"]
     spy = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -427,7 +427,7 @@ def profile_all(options: Options, targets: list[Target], session: Session, out: 
 def main() -> None:
     options = parse_options()
     most = max(w.batch * options.requests(w) for w in options.workloads)
-    session = Session(quick=options.quick, values=series_values(WARMUP_READINGS + most))
+    session = Session(values=series_values(WARMUP_READINGS + most))
     info = machine()
     with tempfile.TemporaryDirectory(prefix="twinwatch-bench-") as scratch:
         work = Path(scratch)

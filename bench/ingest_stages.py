@@ -121,7 +121,7 @@ def instrument(timer: StageTimer) -> None:
     timer.wrap(StreamState, "to_json", "checkpoint: state to JSON")
     fake_json = SimpleNamespace(dumps=json.dumps, loads=json.loads)
     timer.wrap(fake_json, "dumps", "checkpoint: state to JSON")
-    engine_module.json = fake_json  # type: ignore[assignment]
+    engine_module.json = fake_json
     timer.wrap(checkpoints, "save", "checkpoint: write")
     timer.wrap(streams, "advance", "stream row: advance")
     timer.wrap(SessionTransaction, "commit", "commit: final flush, ORM")

@@ -31,7 +31,7 @@ def relax_commits() -> None:
     original = db.create_db_engine
 
     def create(url: str, *, sqlite_foreign_keys: bool = True) -> Engine:
-        engine = original(url, sqlite_foreign_keys=sqlite_foreign_keys)
+        engine: Engine = original(url, sqlite_foreign_keys=sqlite_foreign_keys)
         backend = engine.dialect.name
 
         @event.listens_for(engine, "connect")

@@ -42,8 +42,9 @@ def _answer(outcome: IngestOutcome) -> ReadingsOut:
         residual = result.residual.tolist()
         imputed = result.imputed.tolist()
         for index, reading in enumerate(outcome.accepted):
+            # Every field is computed here from validated numbers: no need to validate again.
             results.append(
-                ReadingResult(
+                ReadingResult.model_construct(
                     t=reading.t,
                     forecast=_number(forecast[index]),
                     residual=_number(residual[index]),

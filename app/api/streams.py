@@ -129,7 +129,7 @@ def put_stream(
 def _live(state: AppState, session: Session, stream: Stream) -> StreamLive | None:
     """The engine's view, or None if the stream's model is not loaded any more."""
     try:
-        live = state.engine.live(session, stream)
+        live = state.engine.live(session, stream, remember=False)
     except AppError:
         return None
     engine_state = live.state

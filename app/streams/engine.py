@@ -14,7 +14,7 @@ import logging
 import math
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -80,7 +80,6 @@ class LiveStream:
     processor: StreamProcessor
     state: StreamState
     last_t: datetime | None
-    lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def detectors(self) -> list[str]:
@@ -132,8 +131,13 @@ class StreamEngine:
             model.forecaster, monitor_config(model, overrides), max_gap=self.max_gap
         )
 
-    def live(self, session: Session, stream: Stream) -> LiveStream:
-        """The stream's live state: from memory, else from its checkpoint, else fresh."""
+    def live(self, session: Session, stream: Stream, *, remember: bool = True) -> LiveStream:
+        """The stream's live state: from memory, else from its checkpoint, else fresh.
+
+        Only ingest, holding the stream's lock, may `remember` what it loaded: a read that
+        cached a checkpoint it loaded while a batch was committing would leave a stale state
+        that refuses every later batch.
+        """
         with self._guard:
             live = self._live.get(stream.id)
         if live is not None:
@@ -158,6 +162,8 @@ class StreamEngine:
             state=state,
             last_t=stream.last_t,
         )
+        if not remember:
+            return live
         self.metrics.track_stream(stream.id, detectors=live.detectors)
         for name, detector in live.state.monitor.detectors.items():
             self.metrics.detector_threshold.labels(stream=stream.id, detector=name).set(
@@ -363,6 +369,10 @@ class StreamEngine:
         actions.sort(key=lambda action: (action[0], action[1]))
         opened: list[Alarm] = []
         closed: list[Alarm] = []
+        peaks_before = {e.detector: e.peak for e in live.state.monitor.open_events()}
+        peaks_moved = any(peaks_before.get(e.detector) != e.peak for e in result.open_events)
+        if not actions and not peaks_moved:
+            return opened, closed  # the common case: no alarm row to touch, no query
         rows: dict[str, Alarm] = {
             alarm.detector: alarm
             for alarm in alarm_repo.list_open(session, stream_id=live.stream_id)
@@ -435,9 +445,8 @@ class StreamEngine:
     # -- reads --
 
     def forecast(self, session: Session, stream: Stream, horizon: int) -> np.ndarray:
-        live = self.live(session, stream)
-        with live.lock:
-            return live.processor.forecast_ahead(live.state, horizon)
+        live = self.live(session, stream, remember=False)
+        return live.processor.forecast_ahead(live.state, horizon)
 
 
 def _same_reading(

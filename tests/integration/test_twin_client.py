@@ -96,6 +96,38 @@ def test_a_second_run_continues_the_stream_after_its_readings(client: TestClient
     assert client.get("/v1/streams/pump-1").json()["samples_seen"] == 60
 
 
+def test_a_looping_twin_pauses_between_cycles_and_the_service_accepts_every_cycle(
+    client: TestClient,
+) -> None:
+    ramp = 1.0 + 0.1 * np.arange(30)  # ends 2.9 above where it starts
+    scenario = Scenario(start=0, values=ramp, references=ramp.copy(), faults=(), seed=0)
+    stop = threading.Event()
+    clock = FakeClock()
+
+    def two_cycles(batch: Batch) -> None:
+        if batch.first >= 2 * scenario.samples - 1:
+            stop.set()
+
+    report = run_twin(
+        ServiceClient("http://testserver", http=client),
+        "pump-1",
+        scenario,
+        Timeline(samples=30, rate_hz=10.0, loop=True),
+        stop=stop,
+        clock=clock,
+        now_utc=lambda: NOW,
+        wait=clock.wait,
+        on_batch=two_cycles,
+    )
+    assert report.accepted == 60 and report.stopped
+    stream = client.get("/v1/streams/pump-1").json()
+    assert stream["samples_seen"] == 60
+    # The pause between cycles is a gap: the stream warms up again (8 readings for the fake
+    # model), so the jump back to the first sample raises no alarm.
+    alarms = client.get("/v1/alarms", params={"stream": "pump-1"}).json()["items"]
+    assert [a["opened_sample"] for a in alarms if a["detector"] == "point"] == []
+
+
 def test_a_batch_resent_after_a_lost_answer_is_not_processed_twice(
     client: TestClient, database: Database
 ) -> None:

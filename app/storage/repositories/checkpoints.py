@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from sqlalchemy import update
 from sqlalchemy.orm import Session
 
 from app.storage.models import StreamCheckpoint
@@ -22,16 +23,32 @@ def save(
     state: bytes,
     state_version: int,
     now: datetime,
-) -> StreamCheckpoint:
-    """Replace the stream's checkpoint with the state after `sample_count` readings."""
-    checkpoint = session.get(StreamCheckpoint, stream_id)
-    if checkpoint is None:
-        checkpoint = StreamCheckpoint(stream_id=stream_id)
-        session.add(checkpoint)
-    checkpoint.sample_count = sample_count
-    checkpoint.last_t = last_t
-    checkpoint.state = state
-    checkpoint.state_version = state_version
-    checkpoint.updated_at = now
+) -> None:
+    """Replace the stream's checkpoint with the state after `sample_count` readings.
+
+    One UPDATE in the common case (the row exists), an INSERT for a stream's first batch."""
+    updated = session.execute(
+        update(StreamCheckpoint)
+        .where(StreamCheckpoint.stream_id == stream_id)
+        .values(
+            sample_count=sample_count,
+            last_t=last_t,
+            state=state,
+            state_version=state_version,
+            updated_at=now,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    if getattr(updated, "rowcount", 0) == 1:
+        return
+    session.add(
+        StreamCheckpoint(
+            stream_id=stream_id,
+            sample_count=sample_count,
+            last_t=last_t,
+            state=state,
+            state_version=state_version,
+            updated_at=now,
+        )
+    )
     session.flush()
-    return checkpoint

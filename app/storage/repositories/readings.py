@@ -57,8 +57,11 @@ def insert_batch(session: Session, *, stream_id: str, readings: Sequence[NewRead
         for reading in readings
     ]
     table = Reading.metadata.tables[Reading.__tablename__]
-    statement = sqlite.insert(table).on_conflict_do_nothing().returning(table.c.sample)
-    return len(session.execute(statement, rows).all())
+    # A plain executemany: the driver's rowcount counts the rows inserted, which is all the
+    # caller needs (RETURNING would turn the batch into row-by-row fetching).
+    result = session.execute(sqlite.insert(table).on_conflict_do_nothing(), rows)
+    assert isinstance(result, CursorResult)
+    return int(result.rowcount)
 
 
 _UNNEST_INSERT = text(
