@@ -27,7 +27,9 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL; empty means a SQLite file `twinwatch.db` under data_dir.",
     )
     models_dir: Path = Field(Path("models"), description="One sub-directory per model artifact.")
-    default_model: str = Field("lstm-seed0", description="Model of streams that name none.")
+    default_model: str = Field(
+        "lstm-day-seed3", description="Model of streams that name none (models/README.md)."
+    )
     api_token: SecretStr | None = Field(
         None, description="When set, write endpoints require `Authorization: Bearer <token>`."
     )

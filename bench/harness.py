@@ -138,6 +138,7 @@ def twinwatch_server(
     env |= {
         "TWINWATCH_DATABASE_URL": database_url,
         "TWINWATCH_MODELS_DIR": str(models_dir),
+        "TWINWATCH_DEFAULT_MODEL": "lstm-seed0",
         "TWINWATCH_DATA_DIR": str(work / f"{name}-data"),
         "TWINWATCH_MIGRATE_ON_START": "true",
         "TWINWATCH_LOG_LEVEL": log_level,

@@ -158,7 +158,12 @@ def run(
     timer: StageTimer, database_url: str, work: Path, requests_scale: float
 ) -> dict[int, dict[str, float]]:
     models = calibrated_models(work)
-    settings = Settings(database_url=database_url, models_dir=models, data_dir=work / "data")
+    settings = Settings(
+        database_url=database_url,
+        models_dir=models,
+        default_model="lstm-seed0",
+        data_dir=work / "data",
+    )
     state = open_state(settings, Metrics(), default_loader)
     response = TypeAdapter(ReadingsOut)
     most = max(batch * max(1, int(REQUESTS[batch] * requests_scale)) for batch in BATCHES)

@@ -87,6 +87,19 @@ def _training(loaded: LoadedModel) -> dict[str, Any]:
     return training if isinstance(training, dict) else {}
 
 
+def unseen_from(loaded: LoadedModel, series: Series) -> int:
+    """The first sample of `series` to score as normal operation the model never saw.
+
+    Its training range when the record may be (a version of) the training record, so in-sample
+    residuals never count; 0 when the model trained on samples past the record's end, which
+    then cannot be its training record (a model trained on a day, scored on a lab record).
+    """
+    end = train_end(loaded)
+    if end < len(series) or series.sha256() == _training(loaded).get("data_sha256"):
+        return min(end, len(series))
+    return 0
+
+
 def train_end(loaded: LoadedModel) -> int:
     """The first sample the model never trained on (0 when the manifest does not say)."""
     value = _training(loaded).get("train_end")
@@ -204,7 +217,7 @@ def evaluate(
                 f"the thresholds are for {config.channels} residual channels; "
                 "this model forecasts one"
             )
-        score_from = plot_from = max(train_end(loaded), loaded.forecaster.window)
+        score_from = plot_from = max(unseen_from(loaded, series), loaded.forecaster.window)
     forecast_started = time.perf_counter()
     residuals, gaps = record_inputs(loaded.forecaster, series, model_channels(loaded))
     forecast_seconds = time.perf_counter() - forecast_started

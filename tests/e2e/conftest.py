@@ -9,7 +9,6 @@ stream cannot be created without them).
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -23,13 +22,11 @@ from typing import IO
 import httpx
 import pytest
 
-from app.monitoring.workflow import calibrate
 from tests.integration.conftest import empty_database, postgres_url
+from tests.support.models import calibrated_lab_model
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB_DATA = ROOT / "tests" / "data" / "twin_seed0_lab_faults.csv"
 DEFAULT_MODEL = "lstm-seed0"
-LAB_HOLDOUT = "6000:7000"  # normal samples the model never trained on (it trained on 0..5999)
 READY_LIMIT_S = 90.0
 SERVE = (sys.executable, "-c", "from app.cli import main; main()", "serve")
 
@@ -60,6 +57,7 @@ class ServeProcess:
         self.env = env | {
             "TWINWATCH_DATABASE_URL": database_url,
             "TWINWATCH_MODELS_DIR": str(models_dir),
+            "TWINWATCH_DEFAULT_MODEL": "lstm-seed0",
             "TWINWATCH_DATA_DIR": str(log_dir / f"{name}-data"),
             "TWINWATCH_MIGRATE_ON_START": "true",
             "TWINWATCH_LOG_LEVEL": "warning",
@@ -124,9 +122,7 @@ class ServeProcess:
 def calibrated_models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A models directory holding a copy of the default LSTM with lab-calibrated thresholds."""
     models = tmp_path_factory.mktemp("models")
-    copy = models / DEFAULT_MODEL
-    shutil.copytree(ROOT / "models" / DEFAULT_MODEL, copy)
-    calibrate(copy, LAB_DATA, LAB_HOLDOUT)
+    calibrated_lab_model(models, DEFAULT_MODEL)
     return models
 
 

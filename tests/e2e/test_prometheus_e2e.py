@@ -203,6 +203,7 @@ def deployment(
         env |= {
             "TWINWATCH_DATABASE_URL": database_url,
             "TWINWATCH_MODELS_DIR": str(calibrated_models),
+            "TWINWATCH_DEFAULT_MODEL": "lstm-seed0",
             "TWINWATCH_DATA_DIR": str(directory / "data"),
             "TWINWATCH_HOST": "127.0.0.1",
             "TWINWATCH_PORT": str(app_port),

@@ -210,6 +210,7 @@ def make_client(database: Database, models_dir: Path, tmp_path: Path) -> Iterato
         values: dict[str, Any] = {
             "database_url": database.url,
             "models_dir": models_dir,
+            "default_model": "lstm-seed0",
             "data_dir": tmp_path / "data",
             "migrate_on_start": False,
             **overrides,

@@ -178,6 +178,7 @@ def live_server(database: Database, models_dir: Path, tmp_path: Path) -> Iterato
     settings = Settings(
         database_url=database.url,
         models_dir=models_dir,
+        default_model="lstm-seed0",
         data_dir=tmp_path / "data",
         migrate_on_start=False,
     )

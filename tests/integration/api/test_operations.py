@@ -124,6 +124,7 @@ def test_first_start_migrates_an_empty_database(empty_database_url: str, tmp_pat
     settings = Settings(
         database_url=empty_database_url,
         models_dir=models_dir,
+        default_model="lstm-seed0",
         data_dir=tmp_path / "data",
         migrate_on_start=True,
     )
@@ -142,7 +143,9 @@ def test_first_start_migrates_an_empty_database(empty_database_url: str, tmp_pat
 def test_default_settings_need_nothing_but_a_data_directory(tmp_path: Path) -> None:
     models_dir = tmp_path / "models"
     write_fake_model(models_dir, "lstm-seed0", thresholds=LAB_LIKE_THRESHOLDS)
-    settings = Settings(data_dir=tmp_path / "fresh" / "data", models_dir=models_dir)
+    settings = Settings(
+        data_dir=tmp_path / "fresh" / "data", models_dir=models_dir, default_model="lstm-seed0"
+    )
     assert settings.database_url == f"sqlite:///{tmp_path}/fresh/data/twinwatch.db"
     with TestClient(create_app(settings, artifact_loader=fake_loader)) as client:
         assert client.get("/readyz").status_code == 200

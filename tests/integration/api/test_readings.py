@@ -45,6 +45,7 @@ def client(database: Database, lab_models: Path, tmp_path: Path) -> Iterator[Tes
     settings = Settings(
         database_url=database.url,
         models_dir=lab_models,
+        default_model="lstm-seed0",
         data_dir=tmp_path / "data",
         migrate_on_start=False,
         max_batch=1000,

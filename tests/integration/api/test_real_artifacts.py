@@ -29,6 +29,7 @@ def test_saved_artifacts_are_served(database: Database, tmp_path: Path) -> None:
     settings = Settings(
         database_url=database.url,
         models_dir=models_dir,
+        default_model="lstm-seed0",
         data_dir=tmp_path / "data",
         migrate_on_start=False,
     )

@@ -121,3 +121,17 @@ def test_clean_simulated_days_count_false_alarm_events_per_day(
     )
     first, last = report["residual_std_first_last_tenth"]
     assert last == pytest.approx(first, rel=0.2)  # the rising level does not inflate residuals
+
+
+def test_normal_samples_start_where_the_model_stopped_training(seed0_lab: Series) -> None:
+    from app.forecasting.artifacts import LoadedModel
+    from app.forecasting.baselines import Naive
+    from app.monitoring.workflow import unseen_from
+
+    def model(train_end: int, data_sha256: str = "elsewhere") -> LoadedModel:
+        manifest = {"training": {"train_end": train_end, "data_sha256": data_sha256}}
+        return LoadedModel(forecaster=Naive(window=64), manifest=manifest, directory=Path("."))
+
+    assert unseen_from(model(6000), seed0_lab) == 6000  # the record may be its training data
+    assert unseen_from(model(864_000), seed0_lab) == 0  # trained on a longer, other record
+    assert unseen_from(model(864_000, seed0_lab.sha256()), seed0_lab) == len(seed0_lab)

@@ -112,7 +112,9 @@ def test_a_short_demo_run_catches_the_stuck_sensor_draws_it_and_cleans_up(
 ) -> None:
     output = io.StringIO()
     result = run_demo(
-        settings=Settings(models_dir=models_dir, host="127.0.0.1", port=0),
+        settings=Settings(
+            models_dir=models_dir, default_model="lstm-seed0", host="127.0.0.1", port=0
+        ),
         out_dir=tmp_path / "out",
         console=Console(file=output, width=120),
         speed=100.0,
@@ -139,7 +141,9 @@ def test_a_short_demo_run_catches_the_stuck_sensor_draws_it_and_cleans_up(
 
 def test_demo_keep_leaves_the_database(models_dir: Path, tmp_path: Path) -> None:
     result = run_demo(
-        settings=Settings(models_dir=models_dir, host="127.0.0.1", port=0),
+        settings=Settings(
+            models_dir=models_dir, default_model="lstm-seed0", host="127.0.0.1", port=0
+        ),
         out_dir=tmp_path,
         console=Console(file=io.StringIO()),
         speed=100.0,
@@ -154,6 +158,7 @@ def test_the_demo_command_runs_and_exits_zero(
     models_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("TWINWATCH_MODELS_DIR", str(models_dir))
+    monkeypatch.setenv("TWINWATCH_DEFAULT_MODEL", "lstm-seed0")
     result = CliRunner().invoke(
         cli,
         ["demo", "--speed", "100", "--start", "7900", "--samples", "30", "--out", str(tmp_path)],
@@ -169,7 +174,9 @@ def test_the_server_thread_refuses_a_busy_port(models_dir: Path) -> None:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        settings = Settings(models_dir=models_dir, host="127.0.0.1", port=port)
+        settings = Settings(
+            models_dir=models_dir, default_model="lstm-seed0", host="127.0.0.1", port=port
+        )
         with pytest.raises(AppError, match="cannot listen"), serve_in_thread(settings):
             pass
 
