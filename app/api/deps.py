@@ -34,7 +34,9 @@ class AppState:
 STATE_KEY = "twinwatch"  # the key `app.main.LifespanState` yields
 
 
-def get_state(request: Request) -> AppState:
+# The cheap dependencies are `async def` on purpose: FastAPI runs a plain `def` dependency in
+# its thread pool, a hop that costs more than the work itself on every request.
+async def get_state(request: Request) -> AppState:
     state = getattr(request.state, STATE_KEY, None)
     if not isinstance(state, AppState):
         raise RuntimeError("the app's lifespan has not run: use create_app() under a server")
@@ -44,15 +46,15 @@ def get_state(request: Request) -> AppState:
 StateDep = Annotated[AppState, Depends(get_state)]
 
 
-def get_settings(state: StateDep) -> Settings:
+async def get_settings(state: StateDep) -> Settings:
     return state.settings
 
 
-def get_registry(state: StateDep) -> ModelRegistry:
+async def get_registry(state: StateDep) -> ModelRegistry:
     return state.registry
 
 
-def get_metrics(state: StateDep) -> Metrics:
+async def get_metrics(state: StateDep) -> Metrics:
     return state.metrics
 
 
@@ -76,7 +78,7 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-def require_token(request: Request, settings: SettingsDep) -> None:
+async def require_token(request: Request, settings: SettingsDep) -> None:
     """With an API token configured, a write needs `Authorization: Bearer <token>`."""
     if settings.api_token is None:
         return

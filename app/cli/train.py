@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from enum import StrEnum
@@ -18,6 +19,8 @@ from app.forecasting.artifacts import MANIFEST_FILE, save_model
 from app.forecasting.base import Forecaster
 from app.forecasting.linear_ar import LinearAR
 from app.forecasting.lstm import LSTMForecaster
+from app.forecasting.stateful_lstm import DEFAULT_TRAINING as STATEFUL_TRAINING
+from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.forecasting.normalisation import training_statistics
 from app.forecasting.training import (
     TEST_SAMPLES,
@@ -32,6 +35,7 @@ from app.series import VALUE_COLUMN, read_csv
 class Kind(StrEnum):
     LSTM = "lstm"
     LSTM_GLOBAL = "lstm-global"
+    LSTM_STATEFUL = "lstm-stateful"
     LINEAR_AR = "linear-ar"
 
 
@@ -67,6 +71,10 @@ def build(
 ) -> Forecaster:
     if kind is Kind.LINEAR_AR:
         return LinearAR(window=window, horizon=horizon, n_channels=n_channels)
+    if kind is Kind.LSTM_STATEFUL:
+        return StatefulLSTMForecaster(
+            window=window, horizon=horizon, n_channels=n_channels, training=training
+        )
     return LSTMForecaster(
         window=window,
         horizon=horizon,
@@ -142,7 +150,13 @@ def train_command(
     channels: Annotated[
         str, typer.Option(help="Comma-separated columns; the first is forecast.")
     ] = VALUE_COLUMN,
-    epochs: Annotated[int, typer.Option(help="Training epochs (LSTM).")] = 10,
+    epochs: Annotated[
+        int | None,
+        typer.Option(
+            help=f"Training epochs (default {TrainingConfig.epochs}; lstm-stateful "
+            f"{STATEFUL_TRAINING.epochs}, stopping early on the validation tail)."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of weights, dropout and shuffling.")] = 0,
     validation: Annotated[
         int, typer.Option(help="Origins carved from the end of the training period.")
@@ -162,14 +176,20 @@ def train_command(
             f"--train-end {train_end} is beyond the data: {data} has {len(series)} samples"
         )
     training_part(matrix, train_end, n_channels=len(names))
-    config = TrainingConfig(epochs=epochs, seed=seed, validation=validation)
+    recipe = STATEFUL_TRAINING if kind is Kind.LSTM_STATEFUL else TrainingConfig()
+    config = dataclasses.replace(
+        recipe,
+        epochs=recipe.epochs if epochs is None else epochs,
+        seed=seed,
+        validation=validation,
+    )
     forecaster = build(kind, window=window, horizon=horizon, n_channels=len(names), training=config)
     mean, std = training_statistics(matrix[:train_end])
     ranges, lines = input_ranges(matrix[:, 0], train_end, float(mean[0]), float(std[0]))
     for line in lines:
         typer.echo(line)
     started = time.perf_counter()
-    if isinstance(forecaster, LSTMForecaster):
+    if isinstance(forecaster, LSTMForecaster | StatefulLSTMForecaster):
         typer.echo(
             f"training {forecaster.kind} ({forecaster.n_parameters} parameters) on samples "
             f"0..{train_end - 1}, channels {', '.join(names)}, horizon {horizon}"
@@ -178,7 +198,7 @@ def train_command(
             matrix,
             train_end=train_end,
             progress=True,
-            on_epoch=lambda record: _print_epoch(record, epochs),
+            on_epoch=lambda record: _print_epoch(record, config.epochs),
         )
     else:
         forecaster.fit(matrix, train_end=train_end)

@@ -30,6 +30,7 @@ from app.forecasting.base import Forecaster
 from app.forecasting.baselines import Naive, SeasonalNaive
 from app.forecasting.linear_ar import LinearAR
 from app.forecasting.lstm import LSTMForecaster
+from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.forecasting.training import TrainingConfig, best_epoch
 
 FORMAT_VERSION = 1
@@ -63,6 +64,19 @@ def _lstm(config: dict[str, Any]) -> Forecaster:
     )
 
 
+def _lstm_stateful(config: dict[str, Any]) -> Forecaster:
+    return StatefulLSTMForecaster(
+        window=config["window"],
+        horizon=config["horizon"],
+        n_channels=config["n_channels"],
+        hidden=config["hidden"],
+        layers=config["layers"],
+        dropout=config["dropout"],
+        sequence=config["sequence"],
+        training=TrainingConfig(**config.get("training", {})),
+    )
+
+
 def _shape_only(config: dict[str, Any]) -> dict[str, Any]:
     return {k: config[k] for k in ("window", "horizon", "n_channels")}
 
@@ -73,6 +87,7 @@ BUILDERS: dict[str, Callable[[dict[str, Any]], Forecaster]] = {
     "linear-ar": lambda c: LinearAR(**_shape_only(c)),
     "lstm": _lstm,
     "lstm-global": _lstm,
+    "lstm-stateful": _lstm_stateful,
 }
 
 
@@ -104,6 +119,15 @@ def _state_tensors(forecaster: Forecaster) -> dict[str, torch.Tensor]:
         state["mean"] = torch.from_numpy(np.array(forecaster.mean_, dtype=np.float64))
         state["std"] = torch.from_numpy(np.array(forecaster.std_, dtype=np.float64))
         return state
+    if isinstance(forecaster, StatefulLSTMForecaster):
+        if not hasattr(forecaster, "module_"):
+            raise ArtifactError("cannot save a stateful LSTM that has not been fitted")
+        state = {
+            MODULE_PREFIX + name: tensor.detach().clone().contiguous()
+            for name, tensor in forecaster.module_.state_dict().items()
+        }
+        state["diff_std"] = torch.from_numpy(np.array(forecaster.diff_std_, dtype=np.float64))
+        return state
     if isinstance(forecaster, LinearAR):
         if not hasattr(forecaster, "coef_"):
             raise ArtifactError("cannot save a linear AR that has not been fitted")
@@ -125,6 +149,14 @@ def _expected(forecaster: Forecaster) -> dict[str, tuple[tuple[int, ...], torch.
         }
         channels = (forecaster.n_channels,)
         return {**expected, "mean": (channels, torch.float64), "std": (channels, torch.float64)}
+    if isinstance(forecaster, StatefulLSTMForecaster):
+        with torch.device("meta"):
+            stateful = forecaster.build_network()
+        expected = {
+            MODULE_PREFIX + name: (tuple(t.shape), t.dtype)
+            for name, t in stateful.state_dict().items()
+        }
+        return {**expected, "diff_std": ((forecaster.n_channels,), torch.float64)}
     if isinstance(forecaster, LinearAR):
         return {
             "coef": (
@@ -167,6 +199,23 @@ def _restore(forecaster: Forecaster, tensors: dict[str, torch.Tensor]) -> None:
         forecaster.std_ = tensors["std"].numpy().copy()
         if not np.all(forecaster.std_ > 0):
             raise ArtifactError("the stored training std must be positive")
+    elif isinstance(forecaster, StatefulLSTMForecaster):
+        with torch.device("meta"):
+            network = forecaster.build_network()
+        network.load_state_dict(
+            {
+                name[len(MODULE_PREFIX) :]: t
+                for name, t in tensors.items()
+                if name.startswith(MODULE_PREFIX)
+            },
+            strict=True,
+            assign=True,
+        )
+        network.eval()
+        forecaster.module_ = network
+        forecaster.diff_std_ = tensors["diff_std"].numpy().copy()
+        if not np.all(forecaster.diff_std_ > 0):
+            raise ArtifactError("the stored std of the differences must be positive")
     elif isinstance(forecaster, LinearAR):
         forecaster.coef_ = tensors["coef"].numpy().copy()
         forecaster.intercept_ = tensors["intercept"].numpy().copy()
@@ -207,6 +256,11 @@ def _derived(forecaster: Forecaster) -> dict[str, Any]:
         training["mean"] = [float(v) for v in forecaster.mean_]
         training["std"] = [float(v) for v in forecaster.std_]
         training["history"] = _history_summary(forecaster.history_)
+    elif isinstance(forecaster, StatefulLSTMForecaster):
+        manifest["parameter_count"] = forecaster.n_parameters
+        training["diff_std"] = [float(v) for v in forecaster.diff_std_]
+        if hasattr(forecaster, "history_"):
+            training["history"] = _history_summary(forecaster.history_)
     elif isinstance(forecaster, LinearAR):
         manifest["parameter_count"] = int(forecaster.coef_[:-1].size + forecaster.intercept_.size)
     else:

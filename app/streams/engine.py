@@ -131,6 +131,10 @@ class StreamEngine:
             model.forecaster, monitor_config(model, overrides), max_gap=self.max_gap
         )
 
+    def _cached(self, stream_id: str) -> LiveStream | None:
+        with self._guard:
+            return self._live.get(stream_id)
+
     def live(self, session: Session, stream: Stream, *, remember: bool = True) -> LiveStream:
         """The stream's live state: from memory, else from its checkpoint, else fresh.
 
@@ -138,8 +142,7 @@ class StreamEngine:
         cached a checkpoint it loaded while a batch was committing would leave a stale state
         that refuses every later batch.
         """
-        with self._guard:
-            live = self._live.get(stream.id)
+        live = self._cached(stream.id)
         if live is not None:
             return live
         model = self.registry.require(stream.model_name)
@@ -191,9 +194,13 @@ class StreamEngine:
         with self.stream_lock(stream_id):
             try:
                 with self.database.session() as session:
-                    stream = stream_repo.require(session, stream_id, for_update=True)
-                    live = self.live(session, stream)
-                    outcome, new_state = self._ingest(session, stream, live, readings)
+                    live = self._cached(stream_id)
+                    if live is None or self.database.dialect == "postgresql":
+                        # PostgreSQL: the row lock also keeps out another process. SQLite has
+                        # no row locks; the stream lock above is the lock there.
+                        stream = stream_repo.require(session, stream_id, for_update=True)
+                        live = live or self.live(session, stream)
+                    outcome, new_state = self._ingest(session, live, readings)
             except SQLAlchemyError as exc:
                 log.exception("ingest into %s failed; nothing was committed", stream_id)
                 raise DatabaseError(
@@ -207,7 +214,7 @@ class StreamEngine:
             return outcome
 
     def _ingest(
-        self, session: Session, stream: Stream, live: LiveStream, readings: Sequence[ReadingIn]
+        self, session: Session, live: LiveStream, readings: Sequence[ReadingIn]
     ) -> tuple[IngestOutcome, StreamState | None]:
         times = [reading.t for reading in readings]
         for index in range(1, len(times)):
@@ -272,7 +279,9 @@ class StreamEngine:
             state_version=STATE_VERSION,
             now=datetime.now(UTC),
         )
-        stream_repo.advance(session, stream, sample_count=new_state.samples, last_t=fresh[-1].t)
+        stream_repo.advance(
+            session, live.stream_id, sample_count=new_state.samples, last_t=fresh[-1].t
+        )
         return IngestOutcome(fresh, resent, result, opened, closed), new_state
 
     def _values(self, live: LiveStream, readings: Sequence[ReadingIn]) -> np.ndarray:

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy import delete as sql_delete
 from sqlalchemy import select
+from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -92,13 +93,18 @@ def update(
 
 
 def advance(
-    session: Session, stream: Stream, *, sample_count: int, last_t: datetime | None
-) -> Stream:
-    """Record that the stream has accepted `sample_count` readings, the last one at `last_t`."""
-    stream.sample_count = sample_count
-    stream.last_t = last_t
-    session.flush()
-    return stream
+    session: Session, stream_id: str, *, sample_count: int, last_t: datetime | None
+) -> None:
+    """Record that the stream has accepted `sample_count` readings, the last one at `last_t`.
+
+    One UPDATE by key, no SELECT first; raises NotFoundError if the stream is gone."""
+    result = session.execute(
+        sql_update(Stream)
+        .where(Stream.id == stream_id)
+        .values(sample_count=sample_count, last_t=last_t)
+    )
+    if getattr(result, "rowcount", 1) == 0:
+        raise NotFoundError(f"no stream {stream_id!r}", stream=stream_id)
 
 
 def delete(session: Session, stream_id: str) -> None:

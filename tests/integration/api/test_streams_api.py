@@ -86,7 +86,7 @@ def test_model_channels_and_reference_are_fixed_once_readings_arrived(
     assert client.put("/v1/streams/pump-1", json={}).status_code == 201
     with database.session() as session:
         stream = stream_repo.require(session, "pump-1")
-        stream_repo.advance(session, stream, sample_count=10, last_t=T0)
+        stream_repo.advance(session, stream.id, sample_count=10, last_t=T0)
 
     changed = client.put("/v1/streams/pump-1", json={"has_reference": True})
     assert changed.status_code == 409

@@ -46,7 +46,7 @@ def test_update_and_advance(session: Session) -> None:
         detector_overrides={"point": {"threshold": 0.7}},
         now=later,
     )
-    stream_repo.advance(session, stream, sample_count=42, last_t=later)
+    stream_repo.advance(session, stream.id, sample_count=42, last_t=later)
     session.expire_all()
     stored = stream_repo.require(session, "pump-1")
     assert stored.sample_period_s == 0.5

@@ -18,7 +18,7 @@ def test_aware_datetimes_round_trip_as_utc(database: Database) -> None:
     moment = datetime(2025, 6, 1, 14, 30, 15, 123456, tzinfo=paris)
     with database.session() as session:
         stream = make_stream(session)
-        stream_repo.advance(session, stream, sample_count=1, last_t=moment)
+        stream_repo.advance(session, stream.id, sample_count=1, last_t=moment)
     with database.session() as session:
         stored = stream_repo.require(session, "pump-1")
         assert stored.last_t == moment
@@ -31,7 +31,7 @@ def test_aware_datetimes_round_trip_as_utc(database: Database) -> None:
 def test_naive_datetimes_are_refused(database: Database) -> None:
     with pytest.raises(StatementError, match="naive datetime"), database.session() as session:
         stream = make_stream(session)
-        stream_repo.advance(session, stream, sample_count=1, last_t=datetime(2025, 1, 1))
+        stream_repo.advance(session, stream.id, sample_count=1, last_t=datetime(2025, 1, 1))
     with database.session() as session:
         assert stream_repo.get(session, "pump-1") is None  # the whole unit of work rolled back
 
