@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from rich.progress import (
 from app.cli.root import evaluate_cli
 from app.errors import DataError
 from app.forecasting import report
+from app.forecasting.stateful_lstm import STATEFUL_TRAINING
 from app.forecasting.training import TrainingConfig
 from app.forecasting.walkforward import (
     Evaluation,
@@ -74,6 +76,12 @@ def build_config(
         seed=seed,
         validation=QUICK_VALIDATION if quick else recipe.validation,
     )
+    stateful = dataclasses.replace(
+        STATEFUL_TRAINING,
+        epochs=epochs or (QUICK_EPOCHS if quick else STATEFUL_TRAINING.epochs),
+        seed=seed,
+        validation=training.validation,
+    )
     return EvaluationConfig(
         origins=origins,
         test_size=test_size or (QUICK_TEST_SIZE if quick else EvaluationConfig.test_size),
@@ -81,6 +89,7 @@ def build_config(
         focus_origin=focus_origin,
         train_size=QUICK_TRAIN_SIZE if quick else None,
         training=training,
+        stateful_training=stateful,
     )
 
 
@@ -126,7 +135,13 @@ def evaluate_forecast_command(
     test_size: Annotated[
         int | None, typer.Option(help="Samples in each test block (default 1000).")
     ] = None,
-    epochs: Annotated[int | None, typer.Option(help="LSTM training epochs (default 10).")] = None,
+    epochs: Annotated[
+        int | None,
+        typer.Option(
+            help=f"LSTM training epochs (default {TrainingConfig.epochs}; the stateful LSTM "
+            f"{STATEFUL_TRAINING.epochs}, stopping early on the validation tail)."
+        ),
+    ] = None,
     seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
     focus_origin: Annotated[
         int | None,
@@ -137,8 +152,8 @@ def evaluate_forecast_command(
     ] = None,
     horizon: Annotated[int, typer.Option(help="Steps ahead in the multi-step comparison.")] = 20,
 ) -> None:
-    """Walk-forward RMSE/MAE/MASE of naive, seasonal naive, linear AR and LSTM on the same
-    targets; the global-z-score failure; recursive vs direct multi-step."""
+    """Walk-forward RMSE/MAE/MASE of naive, seasonal naive, linear AR, LSTM and stateful LSTM
+    on the same targets; the global-z-score failure; recursive vs direct multi-step."""
     started = time.perf_counter()
     config = build_config(
         origins=parse_origins(origins),

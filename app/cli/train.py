@@ -19,9 +19,12 @@ from app.forecasting.artifacts import MANIFEST_FILE, save_model
 from app.forecasting.base import Forecaster
 from app.forecasting.linear_ar import LinearAR
 from app.forecasting.lstm import LSTMForecaster
-from app.forecasting.stateful_lstm import DEFAULT_TRAINING as STATEFUL_TRAINING
-from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.forecasting.normalisation import training_statistics
+from app.forecasting.stateful_lstm import (
+    STATEFUL_TRAINING,
+    STATEFUL_WINDOW,
+    StatefulLSTMForecaster,
+)
 from app.forecasting.training import (
     TEST_SAMPLES,
     TrainingConfig,
@@ -146,7 +149,13 @@ def train_command(
     out: Annotated[Path, typer.Option("--out", help="Model directory to write.")],
     kind: Annotated[Kind, typer.Option(help="Forecaster to train.")] = Kind.LSTM,
     horizon: Annotated[int, typer.Option(help="Steps ahead forecast directly.")] = 1,
-    window: Annotated[int, typer.Option(help="Readings per input window.")] = 64,
+    window: Annotated[
+        int | None,
+        typer.Option(
+            help=f"Readings per input window (default 64; lstm-stateful {STATEFUL_WINDOW}, "
+            "the warm-up of its offline forecasts)."
+        ),
+    ] = None,
     channels: Annotated[
         str, typer.Option(help="Comma-separated columns; the first is forecast.")
     ] = VALUE_COLUMN,
@@ -165,6 +174,8 @@ def train_command(
     """Train a forecaster on the start of a record; pick epochs on its validation tail."""
     if horizon < 1:
         raise DataError(f"--horizon must be at least 1, got {horizon}")
+    if window is None:
+        window = STATEFUL_WINDOW if kind is Kind.LSTM_STATEFUL else 64
     if window < 2:
         raise DataError(f"--window must be at least 2, got {window}")
     check_out(out)

@@ -25,6 +25,7 @@ LABELS: dict[str, str] = {
     "seasonal_naive": "seasonal naive",
     "linear_ar": "linear AR",
     "lstm": "LSTM",
+    "lstm_stateful": "stateful LSTM",
     "lstm_global": "LSTM, global z-score",
     "linear_recursive": "linear recursive",
     "linear_direct": "linear direct",

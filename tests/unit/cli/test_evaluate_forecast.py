@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from app.cli import cli, main
 from app.series import Series, write_csv
 
-ONE_STEP = {"naive", "seasonal_naive", "linear_ar", "lstm"}
+ONE_STEP = {"naive", "seasonal_naive", "linear_ar", "lstm", "lstm_stateful"}
 MULTISTEP = {
     "naive",
     "seasonal_naive",

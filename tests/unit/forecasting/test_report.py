@@ -95,7 +95,7 @@ def test_evaluation_config_refuses_what_it_cannot_run() -> None:
     with pytest.raises(DataError, match="horizon"):
         EvaluationConfig(horizon=60)
     config = EvaluationConfig()
-    assert config.n_fits == 4 * 4 + 1 + 6
+    assert config.n_fits == 4 * 5 + 1 + 6
     assert set(config.multistep_methods()) == {
         "naive",
         "seasonal_naive",

@@ -10,6 +10,7 @@ from app.errors import ArtifactError, DataError
 from app.forecasting.artifacts import build_forecaster, load_model, save_model
 from app.forecasting.lstm import LSTMForecaster
 from app.forecasting.stateful_lstm import (
+    CELL_STEP_LIMIT,
     LSTMState,
     StatefulLSTMForecaster,
     state_from_json,
@@ -103,16 +104,33 @@ def test_streams_stepped_together_equal_each_stepped_alone(
     np.testing.assert_allclose(together.select([3]).c, alone[3].c, rtol=0, atol=1e-6)
 
 
-def test_the_stream_forecast_equals_the_window_forecast_once_warmed_up(
+def test_a_large_batch_of_streams_equals_each_stream_alone(
     tiny: StatefulLSTMForecaster,
 ) -> None:
-    """Offline evaluation (a zero state warmed up over the window) and live streaming agree
-    once the stream has run longer than the state remembers."""
+    """Many streams take the fused path, one stream the cell path: the results agree."""
+    count = CELL_STEP_LIMIT + 22
+    rng = np.random.default_rng(3)
+    streams = np.cumsum(rng.normal(size=(40, count)), axis=0)  # (T, streams)
+    together = tiny.initial_state(count)
+    for t in range(1, streams.shape[0]):
+        batch, together = tiny.step(together, streams[t - 1], streams[t])
+    for s in (0, 77, count - 1):
+        alone, state = tiny.run(streams[:, s])
+        np.testing.assert_allclose(batch[s], alone[-1], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(together.select([s]).h, state.h, rtol=0, atol=1e-6)
+
+
+def test_a_window_forecast_is_a_stream_run_over_that_window(
+    tiny: StatefulLSTMForecaster,
+) -> None:
+    """Offline evaluation and live streaming are one recurrence: a window's forecast is what a
+    fresh stream that received exactly the window's readings forecasts."""
     series = noisy_wave()
-    targets = np.arange(1000, 1200)
-    streamed, _ = tiny.run(series[:1200])  # row j is the forecast of sample j + 2
+    targets = np.arange(1000, 1200, 17)
     windowed = tiny.predict(sliding_windows(series, targets, 32))
-    assert rmse(streamed[targets - 2], windowed) < 0.05 * rmse(windowed[:, 0], series[targets])
+    for row, target in enumerate(targets):
+        streamed, _ = tiny.run(series[target - 32 : target])
+        np.testing.assert_allclose(streamed[-1], windowed[row], rtol=0, atol=1e-6)
 
 
 def test_step_leaves_the_given_state_alone(tiny: StatefulLSTMForecaster) -> None:
@@ -137,7 +155,9 @@ def test_the_state_survives_json_exactly(tiny: StatefulLSTMForecaster) -> None:
 
 
 def test_a_malformed_state_is_refused() -> None:
-    good = state_to_json(LSTMState(h=np.zeros((2, 1, 4), np.float32), c=np.ones((2, 1, 4), np.float32)))
+    good = state_to_json(
+        LSTMState(h=np.zeros((2, 1, 4), np.float32), c=np.ones((2, 1, 4), np.float32))
+    )
     for broken in (
         {**good, "h": good["h"][:-1]},
         {**good, "format": 99},
@@ -183,7 +203,10 @@ def test_training_reads_nothing_after_train_end() -> None:
     assert not np.array_equal(
         clean.predict(windows),
         StatefulLSTMForecaster(
-            window=16, hidden=8, sequence=16, training=TrainingConfig(**{**config.to_dict(), "seed": 1})
+            window=16,
+            hidden=8,
+            sequence=16,
+            training=TrainingConfig(**{**config.to_dict(), "seed": 1}),
         )
         .fit(series[:600])
         .predict(windows),
@@ -223,3 +246,16 @@ def test_an_unfitted_model_is_not_saved_and_does_not_forecast(tmp_path: Path) ->
         save_model(model, tmp_path / "model")
     with pytest.raises(RuntimeError, match="fitted"):
         model.step(model.initial_state(1), np.zeros(1), np.zeros(1))
+
+
+def test_refit_trains_on_the_whole_period_for_the_chosen_epochs() -> None:
+    series = noisy_wave(800)
+    config = TrainingConfig(epochs=3, batch_size=4, validation=100, refit=True)
+    model = StatefulLSTMForecaster(window=16, hidden=8, sequence=16, training=config)
+    model.fit(series, train_end=700)
+    np.testing.assert_allclose(model.diff_std_, [np.diff(series[:700]).std()], rtol=1e-12)
+    assert model.validation_rmse_ is not None
+    windows = sliding_windows(series, np.arange(700, 800), 16)
+    assert rmse(model.predict(windows)[:, 0], series[700:800]) < rmse(
+        windows[:, -1, 0], series[700:800]
+    )
