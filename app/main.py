@@ -69,7 +69,7 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
             log.warning("default model %r is not loaded", settings.default_model)
         register_models(database, registry)
         metrics.set_models(registry)
-        engine = StreamEngine(database, registry, metrics)
+        engine = StreamEngine(database, registry, metrics, max_future_s=settings.max_future_s)
         resume_streams(database, engine, metrics)
     except BaseException:
         database.dispose()

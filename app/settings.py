@@ -35,6 +35,12 @@ class Settings(BaseSettings):
     )
     max_batch: int = Field(10_000, ge=1, description="Most readings accepted in one request.")
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body.")
+    max_future_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="Readings stamped further ahead of the server clock are refused: one "
+        "accepted by mistake would make every later, correct reading 'older' (409).",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)

@@ -15,7 +15,7 @@ import math
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -105,11 +105,13 @@ class StreamEngine:
         metrics: Metrics,
         *,
         max_gap: int = DEFAULT_MAX_GAP,
+        max_future_s: float = 86_400.0,
     ) -> None:
         self.database = database
         self.registry = registry
         self.metrics = metrics
         self.max_gap = max_gap
+        self.max_future = timedelta(seconds=max_future_s)
         self._live: dict[str, LiveStream] = {}
         self._guard = threading.Lock()
         self._stream_locks: dict[str, threading.Lock] = {}
@@ -224,6 +226,13 @@ class StreamEngine:
                     f"readings[{index - 1}].t: send readings in increasing time order",
                     reason="invalid",
                 )
+        if times and times[-1] > datetime.now(UTC) + self.max_future:
+            raise DataError(
+                f"readings[{len(times) - 1}].t ({times[-1].isoformat()}) is more than "
+                f"{self.max_future.total_seconds():g} s ahead of the server clock: "
+                "check the time stamps (seconds, not milliseconds, since the epoch?)",
+                reason="invalid",
+            )
         values = self._values(live, readings)
         references = self._references(live, readings)
         last_t = live.last_t

@@ -219,6 +219,12 @@ BAD_BODIES: list[tuple[str, Any, int, str]] = [
         422,
         "increasing time order",
     ),
+    (
+        "far future",
+        {"readings": [{"t": "9999-12-31T23:59:59Z", "value": 1.0}]},
+        422,
+        "ahead of the server clock",
+    ),
     ("unknown channel", {"readings": [{"t": 1.7e9, "values": {"load": 1.0}}]}, 422, "load"),
     ("value and values", {"readings": [{"t": 1.7e9, "value": 1.0, "values": {}}]}, 422, "both"),
     (
