@@ -30,6 +30,7 @@ from app.forecasting.training import (
     TrainingConfig,
     best_epoch,
     forward_in_chunks,
+    parameter_count,
     seeded,
     split_targets,
     train_network,
@@ -133,9 +134,7 @@ class LSTMForecaster(Forecaster):
 
     @property
     def n_parameters(self) -> int:
-        with torch.device("meta"):  # shapes only: no memory, no draw from the global RNG
-            module = self.build_network()
-        return sum(p.numel() for p in module.parameters())
+        return parameter_count(self.build_network)
 
     def fit(
         self,

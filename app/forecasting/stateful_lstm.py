@@ -38,6 +38,9 @@ from app.forecasting.training import (
     EpochCallback,
     TrainingConfig,
     best_epoch,
+    clipped_step,
+    epoch_record,
+    parameter_count,
     seeded,
     single_threaded,
     split_targets,
@@ -206,9 +209,7 @@ class StatefulLSTMForecaster(Forecaster):
 
     @property
     def n_parameters(self) -> int:
-        with torch.device("meta"):
-            module = self.build_network()
-        return sum(p.numel() for p in module.parameters())
+        return parameter_count(self.build_network)
 
     # ---- training ---------------------------------------------------------------------------
 
@@ -306,20 +307,11 @@ class StatefulLSTMForecaster(Forecaster):
                     optimiser.zero_grad(set_to_none=True)
                     out, (h, c) = module.sequence(x[:, start:stop], state)
                     loss = loss_fn(out, y[:, start:stop])
-                    loss.backward()
-                    norm = nn.utils.clip_grad_norm_(module.parameters(), config.clip_norm)
-                    optimiser.step()
+                    norms.append(clipped_step(module, optimiser, loss, config.clip_norm))
                     state = (h.detach(), c.detach())  # carried, but no gradient across the cut
                     total += loss.item() * (stop - start)
-                    norms.append(float(norm))
                     bar.update(1)
-                record = {
-                    "epoch": float(epoch),
-                    "train_loss": total / length,
-                    "val_loss": math.nan,
-                    "grad_norm_mean": float(np.mean(norms)),
-                    "grad_norm_max": float(np.max(norms)),
-                }
+                record = epoch_record(epoch, total / length, norms)
                 if validation is not None:
                     forecast = self._forecast_windows(validation[0])
                     error = (forecast - validation[1]) / self.diff_std_[0]

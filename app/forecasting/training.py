@@ -161,6 +161,35 @@ def forward_in_chunks(
     return np.concatenate(outputs, axis=0)
 
 
+def parameter_count(build: Callable[[], nn.Module]) -> int:
+    """Parameters of the network `build` makes, built on the meta device: shapes only, no
+    memory, no draw from the global random generator."""
+    with torch.device("meta"):
+        module = build()
+    return sum(p.numel() for p in module.parameters())
+
+
+def clipped_step(
+    module: nn.Module, optimiser: torch.optim.Optimizer, loss: torch.Tensor, clip_norm: float
+) -> float:
+    """Back-propagate, clip the global gradient norm, step; the PRE-clip norm, for the log."""
+    loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
+    norm = nn.utils.clip_grad_norm_(module.parameters(), clip_norm)
+    optimiser.step()
+    return float(norm)
+
+
+def epoch_record(epoch: int, train_loss: float, norms: list[float]) -> dict[str, float]:
+    """One epoch of `history_`; `val_loss` is filled in when there is a validation block."""
+    return {
+        "epoch": float(epoch),
+        "train_loss": train_loss,
+        "val_loss": math.nan,
+        "grad_norm_mean": float(np.mean(norms)),
+        "grad_norm_max": float(np.max(norms)),
+    }
+
+
 def train_network(
     module: nn.Module,
     train: tuple[np.ndarray, np.ndarray],
@@ -198,19 +227,10 @@ def train_network(
                 index = order[start : start + config.batch_size]
                 optimiser.zero_grad(set_to_none=True)
                 loss = loss_fn(module(x_train[index]), y_train[index])
-                loss.backward()
-                norm = nn.utils.clip_grad_norm_(module.parameters(), config.clip_norm)
-                optimiser.step()
+                norms.append(clipped_step(module, optimiser, loss, config.clip_norm))
                 total += loss.item() * index.shape[0]
-                norms.append(float(norm))
                 bar.update(1)
-            record = {
-                "epoch": float(epoch),
-                "train_loss": total / n,
-                "val_loss": math.nan,
-                "grad_norm_mean": float(np.mean(norms)),
-                "grad_norm_max": float(np.max(norms)),
-            }
+            record = epoch_record(epoch, total / n, norms)
             if validation is not None:
                 predicted = forward_in_chunks(module, validation[0]).astype(np.float64)
                 record["val_loss"] = float(np.mean((predicted - validation[1]) ** 2))
