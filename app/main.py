@@ -69,7 +69,13 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
             log.warning("default model %r is not loaded", settings.default_model)
         register_models(database, registry)
         metrics.set_models(registry)
-        engine = StreamEngine(database, registry, metrics, max_future_s=settings.max_future_s)
+        engine = StreamEngine(
+            database,
+            registry,
+            metrics,
+            max_future_s=settings.max_future_s,
+            checkpoint_every=settings.checkpoint_every,
+        )
         resume_streams(database, engine, metrics)
     except BaseException:
         database.dispose()
@@ -85,13 +91,15 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
 
 
 def resume_streams(database: Database, engine: StreamEngine, metrics: Metrics) -> None:
-    """Load every stream's checkpoint, so its metric series (alarm counters included) exist
-    from the first scrape after a restart and an alarm raised then is seen as an increase."""
+    """Load every stream (its checkpoint and the readings after it), so its metric series (alarm
+    counters included) exist from the first scrape after a restart and an alarm raised then is
+    seen as an increase."""
     with database.session() as session:
         for stream in stream_repo.list_all(session):
             metrics.track_stream(stream.id, detectors=())
             try:
-                engine.live(session, stream)
+                with engine.stream_lock(stream.id):
+                    engine.live(session, stream)
             except AppError as exc:
                 log.warning("stream %s cannot resume: %s", stream.id, exc.detail)
 
@@ -115,7 +123,13 @@ def create_app(
         try:
             yield {"twinwatch": state}
         finally:
-            state.database.dispose()
+            try:
+                # A clean stop leaves nothing to replay at the next start.
+                await anyio.to_thread.run_sync(state.engine.checkpoint_all)
+            except Exception:
+                log.exception("checkpointing the streams at shutdown failed")
+            finally:
+                state.database.dispose()
 
     app = FastAPI(
         title="twinwatch",

@@ -191,8 +191,16 @@ class StreamOut(BaseModel):
 
     @classmethod
     def of(
-        cls, stream: Stream, *, open_alarms: list[Alarm], live: StreamLive | None = None
+        cls,
+        stream: Stream,
+        *,
+        open_alarms: list[Alarm],
+        live: StreamLive | None = None,
+        position: tuple[int, datetime | None] | None = None,
     ) -> StreamOut:
+        """`position`: (readings seen, last time) from the engine, ahead of the stream's row
+        (which moves at checkpoints)."""
+        samples, last_t = position if position is not None else (stream.sample_count, stream.last_t)
         return cls(
             id=stream.id,
             model=stream.model_name,
@@ -205,8 +213,8 @@ class StreamOut(BaseModel):
             },
             created_at=stream.created_at,
             updated_at=stream.updated_at,
-            samples_seen=stream.sample_count,
-            last_t=stream.last_t,
+            samples_seen=samples,
+            last_t=last_t,
             open_alarms=[AlarmOut.of(alarm) for alarm in open_alarms],
             live=live,
         )
@@ -240,6 +248,17 @@ class ReadingsIn(_Body):
     readings: list[ReadingIn] = Field(description="In increasing time order.")
 
 
+class StreamReadingsIn(_Body):
+    stream: StreamId = Field(description="The stream these readings belong to.")
+    readings: list[ReadingIn] = Field(description="In increasing time order.")
+
+
+class ManyReadingsIn(_Body):
+    """Readings of many streams in one request (a gateway's tick): one transaction."""
+
+    streams: list[StreamReadingsIn] = Field(description="Each stream at most once.")
+
+
 class ReadingResult(BaseModel):
     t: datetime
     forecast: float | None = Field(description="Null while the stream warms up.")
@@ -254,6 +273,14 @@ class ReadingsOut(BaseModel):
     results: list[ReadingResult] = Field(description="One per accepted reading, in order.")
     opened: list[AlarmOut]
     closed: list[AlarmOut]
+
+
+class StreamReadingsOut(ReadingsOut):
+    stream: str
+
+
+class ManyReadingsOut(BaseModel):
+    streams: list[StreamReadingsOut] = Field(description="In the order of the request.")
 
 
 class ForecastOut(BaseModel):

@@ -41,6 +41,12 @@ class Settings(BaseSettings):
         description="Readings stamped further ahead of the server clock are refused: one "
         "accepted by mistake would make every later, correct reading 'older' (409).",
     )
+    checkpoint_every: int = Field(
+        1000,
+        ge=1,
+        description="Readings between two checkpoints of a stream's state. A restart replays "
+        "at most this many readings per stream; fewer costs more writes while ingesting.",
+    )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)

@@ -116,7 +116,7 @@ def instrument(timer: StageTimer) -> None:
     timer.wrap(Monitor, "from_state", "detectors: copy state")
     timer.wrap(Monitor, "state_dict", "detectors: copy state")
     timer.wrap(Monitor, "open_events", "detectors: run")
-    timer.wrap(readings, "insert_batch", "readings: insert")
+    timer.wrap(readings, "insert_many", "readings: insert")
     timer.wrap(StreamEngine, "_store_alarms", "alarm rows: select open, write")
     timer.wrap(StreamState, "to_json", "checkpoint: state to JSON")
     fake_json = SimpleNamespace(dumps=json.dumps, loads=json.loads)

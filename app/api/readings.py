@@ -10,22 +10,27 @@ import math
 import time
 
 from fastapi import APIRouter, Query, Response
+from pydantic import BaseModel
 
-from app.api.deps import StateDep, WriteAccess
+from app.api.deps import AppState, StateDep, WriteAccess
 from app.api.streams import StreamIdPath
 from app.errors import AppError, NotFoundError, PayloadTooLargeError
 from app.schemas import (
     AlarmOut,
     ForecastOut,
+    ManyReadingsIn,
+    ManyReadingsOut,
+    ReadingIn,
     ReadingResult,
     ReadingsIn,
     ReadingsOut,
+    StreamReadingsOut,
     problem_responses,
 )
 from app.storage.repositories import streams as stream_repo
 from app.streams.engine import IngestOutcome
 
-router = APIRouter(prefix="/v1/streams", tags=["readings"])
+router = APIRouter(prefix="/v1", tags=["readings"])
 
 
 def _number(value: float) -> float | None:
@@ -64,8 +69,50 @@ def _answer(outcome: IngestOutcome) -> ReadingsOut:
     )
 
 
+def _ingest(
+    state: AppState, batches: list[tuple[str, list[ReadingIn]]]
+) -> tuple[list[IngestOutcome], float]:
+    """Run the engine on the request's batches; count refused readings per stream."""
+    started = time.perf_counter()
+    count = sum(len(readings) for _, readings in batches)
+    try:
+        if count > state.settings.max_batch:
+            raise PayloadTooLargeError(
+                f"{count} readings in one request; at most {state.settings.max_batch}",
+                reason="too_large",
+            )
+        return state.engine.ingest_many(batches), started
+    except NotFoundError:
+        raise
+    except AppError as exc:
+        reason = exc.extra.get("reason")
+        if isinstance(reason, str):
+            blamed = exc.extra.get("stream")
+            counts = {
+                stream_id: len(readings)
+                for stream_id, readings in batches
+                if blamed is None or stream_id == blamed
+            }
+            with state.database.session() as session:
+                known = {s.id for s in stream_repo.get_many(session, list(counts))}
+            for stream_id, refused in counts.items():
+                if stream_id in known:
+                    state.metrics.readings_rejected.labels(stream=stream_id, reason=reason).inc(
+                        refused
+                    )
+        raise
+
+
+def _respond(state: AppState, answer: BaseModel, started: float) -> Response:
+    # Serialised here, once: returned as a model, FastAPI would validate the answer again
+    # against `response_model` (which stays for the OpenAPI schema).
+    body_bytes = answer.model_dump_json().encode()
+    state.metrics.ingest_duration.observe(time.perf_counter() - started)
+    return Response(content=body_bytes, media_type="application/json")
+
+
 @router.post(
-    "/{stream_id}/readings",
+    "/streams/{stream_id}/readings",
     response_model=ReadingsOut,
     responses=problem_responses(401, 404, 409, 413, 422, 503),
     dependencies=[WriteAccess],
@@ -78,34 +125,35 @@ def post_readings(stream_id: StreamIdPath, body: ReadingsIn, state: StateDep) ->
     processed again, so retrying a batch is safe; an older reading that was never accepted, or a
     changed value for an accepted time, is refused with 409 and changes nothing.
     """
-    started = time.perf_counter()
-    count = len(body.readings)
-    try:
-        if count > state.settings.max_batch:
-            raise PayloadTooLargeError(
-                f"{count} readings in one request; at most {state.settings.max_batch}",
-                reason="too_large",
-            )
-        outcome = state.engine.ingest(stream_id, body.readings)
-    except NotFoundError:
-        raise
-    except AppError as exc:
-        reason = exc.extra.get("reason")
-        if isinstance(reason, str):
-            with state.database.session() as session:
-                known = stream_repo.get(session, stream_id) is not None
-            if known:
-                state.metrics.readings_rejected.labels(stream=stream_id, reason=reason).inc(count)
-        raise
-    # Serialised here, once: returned as a model, FastAPI would validate the answer again
-    # against `response_model` (which stays for the OpenAPI schema).
-    body_bytes = _answer(outcome).model_dump_json().encode()
-    state.metrics.ingest_duration.observe(time.perf_counter() - started)
-    return Response(content=body_bytes, media_type="application/json")
+    outcomes, started = _ingest(state, [(stream_id, body.readings)])
+    return _respond(state, _answer(outcomes[0]), started)
+
+
+@router.post(
+    "/readings",
+    response_model=ManyReadingsOut,
+    responses=problem_responses(401, 404, 409, 413, 422, 503),
+    dependencies=[WriteAccess],
+    summary="Ingest readings of many streams at once",
+)
+def post_many_readings(body: ManyReadingsIn, state: StateDep) -> Response:
+    """What a gateway sends each tick: a batch for each of many streams, in one transaction
+    (all or nothing, each stream with the rules of its own endpoint). Streams of one model with
+    one reading each are forecast together in one batched call. A problem names the stream it
+    is about in `stream`.
+    """
+    outcomes, started = _ingest(state, [(item.stream, item.readings) for item in body.streams])
+    answer = ManyReadingsOut(
+        streams=[
+            StreamReadingsOut.model_construct(stream=item.stream, **dict(_answer(outcome)))
+            for item, outcome in zip(body.streams, outcomes, strict=True)
+        ]
+    )
+    return _respond(state, answer, started)
 
 
 @router.get(
-    "/{stream_id}/forecast",
+    "/streams/{stream_id}/forecast",
     response_model=ForecastOut,
     responses=problem_responses(404, 422),
     summary="Direct multi-step forecast from the stream's current window",
@@ -117,11 +165,11 @@ def get_forecast(
 ) -> ForecastOut:
     with state.database.session() as session:
         stream = stream_repo.require(session, stream_id)
-        forecast = state.engine.forecast(session, stream, horizon)
+        forecast, after_t = state.engine.forecast(session, stream, horizon)
         return ForecastOut(
             stream=stream_id,
             model=stream.model_name,
-            after_t=stream.last_t,
+            after_t=after_t,
             sample_period_s=stream.sample_period_s,
             horizon=horizon,
             forecast=[float(x) for x in forecast],

@@ -25,6 +25,7 @@ from app.schemas import (
 )
 from app.storage.models import Alarm, Stream
 from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
@@ -97,14 +98,15 @@ def put_stream(
         )
         response.status_code = status.HTTP_201_CREATED
     else:
-        if stream.sample_count > 0 and _identity(stream) != (
+        accepted = reading_repo.any_for(session, stream_id=stream_id)
+        if accepted and _identity(stream) != (
             model_name,
             channels,
             config.has_reference,
         ):
             raise ConflictError(
-                f"stream {stream_id!r} has accepted {stream.sample_count} readings: its model, "
-                "channels and has_reference cannot change; delete and re-create it",
+                f"stream {stream_id!r} has accepted readings: its model, channels and "
+                "has_reference cannot change; delete and re-create it",
                 stream=stream_id,
             )
         stream = stream_repo.update(
@@ -119,44 +121,51 @@ def put_stream(
         )
     state.engine.forget(stream_id)
     state.metrics.track_stream(stream_id, detectors=list(processor.monitor_config.thresholds()))
-    return StreamOut.of(
-        stream,
-        open_alarms=alarm_repo.list_open(session, stream_id=stream_id),
-        live=_live(state, session, stream),
-    )
+    # Not kept in memory: this transaction has not committed yet.
+    return _described(state, session, stream, remember=False)
 
 
-def _live(state: AppState, session: Session, stream: Stream) -> StreamLive | None:
-    """The engine's view, or None if the stream's model is not loaded any more."""
+def _described(
+    state: AppState, session: Session, stream: Stream, *, remember: bool = True
+) -> StreamOut:
+    """The stream's row with the engine's view (none if its model is not loaded any more)."""
     try:
-        live = state.engine.live(session, stream, remember=False)
+        view = state.engine.view(session, stream, remember=remember)
     except AppError:
-        return None
-    engine_state = live.state
-    open_now = {event.detector for event in engine_state.monitor.open_events()}
-    return StreamLive(
-        warmup_remaining=live.processor.warmup_remaining(engine_state),
-        last_forecast=engine_state.last_forecast,
-        last_residual=engine_state.last_residual,
+        return StreamOut.of(stream, open_alarms=alarm_repo.list_open(session, stream_id=stream.id))
+    live = StreamLive(
+        warmup_remaining=view.warmup_remaining,
+        last_forecast=view.last_forecast,
+        last_residual=view.last_residual,
         detectors={
             name: DetectorLive(
-                statistic=engine_state.last_statistics.get(name),
-                threshold=detector.threshold,
-                active=name in open_now,
+                statistic=view.statistics.get(name),
+                threshold=threshold,
+                active=name in view.active,
             )
-            for name, detector in engine_state.monitor.detectors.items()
+            for name, threshold in view.thresholds.items()
         },
+    )
+    return StreamOut.of(
+        stream,
+        open_alarms=alarm_repo.list_open(session, stream_id=stream.id),
+        live=live,
+        position=(view.samples, view.last_t),
     )
 
 
 @router.get("", response_model=StreamList, summary="All streams")
-def list_streams(session: SessionDep) -> StreamList:
+def list_streams(session: SessionDep, state: StateDep) -> StreamList:
     open_by_stream: dict[str, list[Alarm]] = defaultdict(list)
     for alarm in alarm_repo.list_open(session):
         open_by_stream[alarm.stream_id].append(alarm)
     return StreamList(
         items=[
-            StreamOut.of(stream, open_alarms=open_by_stream[stream.id])
+            StreamOut.of(
+                stream,
+                open_alarms=open_by_stream[stream.id],
+                position=state.engine.position(stream.id),
+            )
             for stream in stream_repo.list_all(session)
         ]
     )
@@ -169,12 +178,7 @@ def list_streams(session: SessionDep) -> StreamList:
     summary="One stream with its open alarms",
 )
 def get_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) -> StreamOut:
-    stream = stream_repo.require(session, stream_id)
-    return StreamOut.of(
-        stream,
-        open_alarms=alarm_repo.list_open(session, stream_id=stream_id),
-        live=_live(state, session, stream),
-    )
+    return _described(state, session, stream_repo.require(session, stream_id))
 
 
 @router.delete(

@@ -161,6 +161,9 @@ class Reading(Base):
         String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE"), primary_key=True
     )
     sample: Mapped[int] = mapped_column(BigInteger(), primary_key=True)
+    # The sample of the first reading of the request that brought it: a restart replays the
+    # readings after the last checkpoint in the batches they arrived in.
+    batch: Mapped[int | None] = mapped_column(BigInteger())
     t: Mapped[datetime]
     value: Mapped[float | None]
     # none_as_null: a single-channel reading stores SQL NULL here, not the JSON text "null".

@@ -13,7 +13,9 @@ import json
 import logging
 import math
 import threading
+import zlib
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -22,7 +24,7 @@ import numpy as np
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from app.errors import ArtifactError, ConflictError, DataError
+from app.errors import AppError, ArtifactError, ConflictError, DataError
 from app.metrics import Metrics
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import Monitor, MonitorConfig
@@ -35,6 +37,7 @@ from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.processor import (
+    DEFAULT_CHECKPOINT_EVERY,
     DEFAULT_MAX_GAP,
     STATE_VERSION,
     BatchResult,
@@ -80,10 +83,25 @@ class LiveStream:
     processor: StreamProcessor
     state: StreamState
     last_t: datetime | None
+    checkpoint_due: int  # write the next checkpoint once the stream has seen this many readings
 
     @property
     def detectors(self) -> list[str]:
         return list(self.state.monitor.detectors)
+
+
+@dataclass(frozen=True)
+class StreamView:
+    """A consistent copy of what reads show about a live stream."""
+
+    samples: int
+    last_t: datetime | None
+    warmup_remaining: int
+    last_forecast: float | None
+    last_residual: float | None
+    statistics: dict[str, float]
+    thresholds: dict[str, float]
+    active: set[str]
 
 
 @dataclass(frozen=True)
@@ -95,8 +113,28 @@ class IngestOutcome:
     closed: list[Alarm]
 
 
+@dataclass
+class _Batch:
+    """One stream's part of a request, validated and ready to process."""
+
+    live: LiveStream
+    fresh: list[ReadingIn]
+    resent: int
+    values: np.ndarray  # (fresh, C)
+    references: np.ndarray | None
+    restart: np.ndarray
+    peaks_before: dict[str, float]  # of the alarms open before the batch
+    result: BatchResult | None = None
+
+
 class StreamEngine:
-    """Every stream's live state, loaded from its checkpoint on first use."""
+    """Every stream's live state, rebuilt from the database on first use.
+
+    The database holds every accepted reading and, every `checkpoint_every` readings, a
+    checkpoint of the stream's state: loading a stream restores its checkpoint and replays the
+    readings accepted after it, in the batches they arrived in, so the state is exactly the one
+    the stream had. A request therefore writes its readings and alarm changes, not the state.
+    """
 
     def __init__(
         self,
@@ -106,12 +144,16 @@ class StreamEngine:
         *,
         max_gap: int = DEFAULT_MAX_GAP,
         max_future_s: float = 86_400.0,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     ) -> None:
+        if checkpoint_every < 1:
+            raise ValueError("checkpoint_every must be at least 1")
         self.database = database
         self.registry = registry
         self.metrics = metrics
         self.max_gap = max_gap
         self.max_future = timedelta(seconds=max_future_s)
+        self.checkpoint_every = checkpoint_every
         self._live: dict[str, LiveStream] = {}
         self._guard = threading.Lock()
         self._stream_locks: dict[str, threading.Lock] = {}
@@ -124,7 +166,8 @@ class StreamEngine:
             return self._stream_locks.setdefault(stream_id, threading.Lock())
 
     def forget(self, stream_id: str) -> None:
-        """Drop the in-memory state (after a reconfiguration or a delete); reloaded on demand."""
+        """Drop the in-memory state (after a reconfiguration, a delete or a failed commit);
+        it is rebuilt from the database on demand."""
         with self._guard:
             self._live.pop(stream_id, None)
 
@@ -138,11 +181,10 @@ class StreamEngine:
             return self._live.get(stream_id)
 
     def live(self, session: Session, stream: Stream, *, remember: bool = True) -> LiveStream:
-        """The stream's live state: from memory, else from its checkpoint, else fresh.
+        """The stream's live state: from memory, else rebuilt from the database.
 
-        Only ingest, holding the stream's lock, may `remember` what it loaded: a read that
-        cached a checkpoint it loaded while a batch was committing would leave a stale state
-        that refuses every later batch.
+        Call it holding the stream's lock: the state it returns moves on in place. Only what
+        was read from committed data may be remembered.
         """
         live = self._cached(stream.id)
         if live is not None:
@@ -150,13 +192,16 @@ class StreamEngine:
         model = self.registry.require(stream.model_name)
         processor = self.processor_for(model, stream.detector_overrides)
         checkpoint = checkpoint_repo.get(session, stream.id)
+        last_t: datetime | None = None
         if checkpoint is None:
             state = processor.new_state()
+            due = 1 + zlib.crc32(stream.id.encode()) % self.checkpoint_every  # staggered
         else:
             if checkpoint.state_version != STATE_VERSION:
                 raise DataError(f"stream {stream.id!r} has a checkpoint of another version")
-            saved = json.loads(checkpoint.state)
-            state = self._restore(processor, saved)
+            state = self._restore(processor, json.loads(checkpoint.state))
+            last_t = checkpoint.last_t
+            due = state.samples + self.checkpoint_every
         live = LiveStream(
             stream_id=stream.id,
             model=model,
@@ -165,8 +210,10 @@ class StreamEngine:
             sample_period_s=stream.sample_period_s,
             processor=processor,
             state=state,
-            last_t=stream.last_t,
+            last_t=last_t,
+            checkpoint_due=due,
         )
+        self._replay(session, live)
         if not remember:
             return live
         self.metrics.track_stream(stream.id, detectors=live.detectors)
@@ -177,6 +224,44 @@ class StreamEngine:
         with self._guard:
             self._live[stream.id] = live
         return live
+
+    def _replay(self, session: Session, live: LiveStream) -> None:
+        """Bring a restored state up to the last accepted reading, batch by original batch
+        (the forecaster rounds the same way only for the same batches)."""
+        stored = reading_repo.by_sample(session, stream_id=live.stream_id, start=live.state.samples)
+        if stored and stored[0].sample != live.state.samples:
+            raise DataError(
+                f"stream {live.stream_id!r}: readings from sample {live.state.samples} are missing"
+            )
+        start = 0
+        while start < len(stored):
+            stop = start + 1
+            while stop < len(stored) and stored[stop].batch == stored[start].batch:
+                stop += 1
+            group = stored[start:stop]
+            values = np.array([_stored_values(r, live.channels) for r in group])
+            references = (
+                np.array([math.nan if r.reference is None else r.reference for r in group])
+                if live.has_reference
+                else None
+            )
+            restart = self._restarts(live.last_t, [r.t for r in group], live.sample_period_s)
+            live.processor.advance(live.state, values, references, restart)
+            live.last_t = group[-1].t
+            start = stop
+
+    def _restarts(
+        self, last_t: datetime | None, times: Sequence[datetime], period: float
+    ) -> np.ndarray:
+        """True where a reading follows the previous one by more than `max_gap` periods."""
+        limit = self.max_gap * period
+        restart = np.zeros(len(times), dtype=bool)
+        previous = last_t
+        for index, t in enumerate(times):
+            if previous is not None and (t - previous).total_seconds() > limit:
+                restart[index] = True
+            previous = t
+        return restart
 
     @staticmethod
     def _restore(processor: StreamProcessor, saved: dict[str, Any]) -> StreamState:
@@ -189,35 +274,125 @@ class StreamEngine:
             fresh["sample"] = saved["samples"]
             return processor.restore({**saved, "monitor": fresh})
 
+    def view(self, session: Session, stream: Stream, *, remember: bool = True) -> StreamView:
+        """What a read shows, taken under the stream's lock (never a half-applied batch)."""
+        with self.stream_lock(stream.id):
+            live = self.live(session, stream, remember=remember)
+            state = live.state
+            return StreamView(
+                samples=state.samples,
+                last_t=live.last_t,
+                warmup_remaining=live.processor.warmup_remaining(state),
+                last_forecast=state.last_forecast,
+                last_residual=state.last_residual,
+                statistics=dict(state.last_statistics),
+                thresholds={k: d.threshold for k, d in state.monitor.detectors.items()},
+                active={event.detector for event in state.monitor.open_events()},
+            )
+
+    def position(self, stream_id: str) -> tuple[int, datetime | None] | None:
+        """(readings seen, last time) of a live stream; None if it is not in memory."""
+        live = self._cached(stream_id)
+        if live is None:
+            return None
+        with self.stream_lock(stream_id):
+            return live.state.samples, live.last_t
+
+    def checkpoint_all(self) -> int:
+        """Checkpoint every live stream that moved since its last one (at shutdown: the next
+        start replays nothing). Returns how many were written."""
+        with self._guard:
+            streams = list(self._live.values())
+        written = 0
+        for live in streams:
+            with self.stream_lock(live.stream_id):
+                if self._cached(live.stream_id) is not live:
+                    continue
+                with self.database.session() as session:
+                    if self._save_checkpoint(session, live, force=False):
+                        written += 1
+                live.checkpoint_due = live.state.samples + self.checkpoint_every
+        return written
+
     # -- ingest --
 
     def ingest(self, stream_id: str, readings: Sequence[ReadingIn]) -> IngestOutcome:
         """Validate, process and durably commit a batch; all or nothing."""
-        with self.stream_lock(stream_id):
+        return self.ingest_many([(stream_id, readings)])[0]
+
+    def ingest_many(
+        self, batches: Sequence[tuple[str, Sequence[ReadingIn]]]
+    ) -> list[IngestOutcome]:
+        """Batches of many streams in one transaction; all or nothing. Streams of one model
+        with one reading each are forecast in one batched call."""
+        ids = [stream_id for stream_id, _ in batches]
+        if len(set(ids)) != len(ids):
+            twice = sorted({i for i in ids if ids.count(i) > 1})
+            raise DataError(
+                f"stream(s) {', '.join(twice)} appear more than once: send each stream's "
+                "readings as one batch",
+                reason="invalid",
+            )
+        touched: list[str] = []
+        with ExitStack() as locks:
+            for stream_id in sorted(ids):  # a fixed order: two requests never deadlock
+                locks.enter_context(self.stream_lock(stream_id))
             try:
                 with self.database.session() as session:
-                    live = self._cached(stream_id)
-                    if live is None or self.database.dialect == "postgresql":
-                        # PostgreSQL: the row lock also keeps out another process. SQLite has
-                        # no row locks; the stream lock above is the lock there.
-                        stream = stream_repo.require(session, stream_id, for_update=True)
-                        live = live or self.live(session, stream)
-                    outcome, new_state = self._ingest(session, live, readings)
-            except SQLAlchemyError as exc:
-                log.exception("ingest into %s failed; nothing was committed", stream_id)
-                raise DatabaseError(
-                    f"the batch was not stored ({type(exc).__name__}); it is safe to re-send"
-                ) from exc
-            # Committed: only now does the live state move on.
-            if new_state is not None and outcome.accepted:
-                live.state = new_state
-                live.last_t = outcome.accepted[-1].t
-                self._publish(live, outcome)
-            return outcome
+                    lives = self._lives(session, ids)
+                    prepared = [
+                        self._prepare(session, live, readings, many=len(batches) > 1)
+                        for live, (_, readings) in zip(lives, batches, strict=True)
+                    ]
+                    # From here the live states move on in place; on any failure they are
+                    # dropped and rebuilt from what the database committed.
+                    touched = [batch.live.stream_id for batch in prepared if batch.fresh]
+                    outcomes = self._process(session, prepared)
+            except BaseException as exc:
+                for stream_id in touched:
+                    self.forget(stream_id)
+                if isinstance(exc, SQLAlchemyError):
+                    log.exception("ingest into %s failed; nothing was committed", ", ".join(ids))
+                    raise DatabaseError(
+                        f"the batch was not stored ({type(exc).__name__}); it is safe to re-send"
+                    ) from exc
+                raise
+            for batch, outcome in zip(prepared, outcomes, strict=True):
+                if batch.fresh:
+                    batch.live.last_t = batch.fresh[-1].t
+                    if batch.live.state.samples >= batch.live.checkpoint_due:
+                        batch.live.checkpoint_due = batch.live.state.samples + self.checkpoint_every
+                self._publish(batch.live, outcome)
+        return outcomes
 
-    def _ingest(
+    def _lives(self, session: Session, ids: list[str]) -> list[LiveStream]:
+        """The streams' live states. PostgreSQL: their rows locked, which also keeps out another
+        process; SQLite has no row locks, the stream locks are the lock there."""
+        cached = [self._cached(stream_id) for stream_id in ids]
+        if self.database.dialect != "postgresql" and all(cached):
+            return [live for live in cached if live is not None]
+        rows = stream_repo.require_many(
+            session, ids, for_update=self.database.dialect == "postgresql"
+        )
+        return [
+            live if live is not None else self.live(session, row)
+            for live, row in zip(cached, rows, strict=True)
+        ]
+
+    def _prepare(
+        self, session: Session, live: LiveStream, readings: Sequence[ReadingIn], *, many: bool
+    ) -> _Batch:
+        try:
+            return self._validate(session, live, readings)
+        except AppError as exc:
+            if many:  # say which stream of the request it was
+                exc.detail = f"stream {live.stream_id!r}: {exc.detail}"
+                exc.extra.setdefault("stream", live.stream_id)
+            raise
+
+    def _validate(
         self, session: Session, live: LiveStream, readings: Sequence[ReadingIn]
-    ) -> tuple[IngestOutcome, StreamState | None]:
+    ) -> _Batch:
         times = [reading.t for reading in readings]
         for index in range(1, len(times)):
             if times[index] <= times[index - 1]:
@@ -240,58 +415,85 @@ class StreamEngine:
         if resent:
             self._check_resent(session, live, readings[:resent], values[:resent])
         fresh = list(readings[resent:])
-        if not fresh:
-            return IngestOutcome([], resent, None, [], []), None
+        live.processor.check(values[resent:], None if references is None else references[resent:])
+        return _Batch(
+            live=live,
+            fresh=fresh,
+            resent=resent,
+            values=values[resent:],
+            references=None if references is None else references[resent:],
+            restart=self._restarts(last_t, times[resent:], live.sample_period_s),
+            peaks_before={e.detector: e.peak for e in live.state.monitor.open_events()},
+        )
 
-        period = live.sample_period_s
-        gap_limit = self.max_gap * period
-        restart = np.zeros(len(fresh), dtype=bool)
-        previous = last_t
-        for index, reading in enumerate(fresh):
-            if previous is not None and (reading.t - previous).total_seconds() > gap_limit:
-                restart[index] = True
-            previous = reading.t
-        new_state, result = live.processor.process(
-            live.state,
-            values[resent:],
-            None if references is None else references[resent:],
-            restart,
-        )
-        first = live.state.samples
-        inserted = reading_repo.insert_batch(
-            session,
-            stream_id=live.stream_id,
-            readings=[
-                reading_repo.NewReading(
-                    sample=first + index,
-                    t=reading.t,
-                    value=reading.value if reading.values is None else None,
-                    values=None if reading.values is None else dict(reading.values),
-                    reference=reading.reference,
-                )
-                for index, reading in enumerate(fresh)
-            ],
-        )
-        if inserted != len(fresh):
+    def _process(self, session: Session, batches: list[_Batch]) -> list[IngestOutcome]:
+        """Forecast and monitor every batch (grouped by processor), then write."""
+        work = [batch for batch in batches if batch.fresh]
+        by_processor: dict[int, list[_Batch]] = {}
+        for batch in work:
+            by_processor.setdefault(id(batch.live.processor.forecaster), []).append(batch)
+        for group in by_processor.values():
+            results = group[0].live.processor.advance_many(
+                [(b.live.state, b.values, b.references, b.restart) for b in group]
+            )
+            for batch, result in zip(group, results, strict=True):
+                batch.result = result
+        rows = [
+            reading_repo.NewReading(
+                stream_id=batch.live.stream_id,
+                sample=batch.result.first_sample + index,
+                batch=batch.result.first_sample,
+                t=reading.t,
+                value=reading.value if reading.values is None else None,
+                values=None if reading.values is None else dict(reading.values),
+                reference=reading.reference,
+            )
+            for batch in work
+            if batch.result is not None
+            for index, reading in enumerate(batch.fresh)
+        ]
+        if reading_repo.insert_many(session, rows) != len(rows):
             raise ConflictError(
-                f"stream {live.stream_id!r} received readings from another request meanwhile; "
-                "re-send the batch",
+                "a stream received readings from another request meanwhile; re-send the batch",
                 reason="conflict",
             )
-        opened, closed = self._store_alarms(session, live, fresh, first, result)
+        outcomes = []
+        for batch in batches:
+            if batch.result is None:
+                outcomes.append(IngestOutcome([], batch.resent, None, [], []))
+                continue
+            opened, closed = self._store_alarms(session, batch)
+            if batch.live.state.samples >= batch.live.checkpoint_due:
+                self._save_checkpoint(session, batch.live, force=True, last_t=batch.fresh[-1].t)
+            outcomes.append(IngestOutcome(batch.fresh, batch.resent, batch.result, opened, closed))
+        return outcomes
+
+    def _save_checkpoint(
+        self,
+        session: Session,
+        live: LiveStream,
+        *,
+        force: bool,
+        last_t: datetime | None = None,
+    ) -> bool:
+        """Write the stream's state (and its row's reading count) unless it is already saved."""
+        state = live.state
+        last_t = last_t or live.last_t
+        if not force:
+            saved = checkpoint_repo.get(session, live.stream_id)
+            if saved is not None and saved.sample_count == state.samples:
+                return False
         checkpoint_repo.save(
             session,
             stream_id=live.stream_id,
-            sample_count=new_state.samples,
-            last_t=fresh[-1].t,
-            state=json.dumps(new_state.to_json(), allow_nan=False).encode(),
+            sample_count=state.samples,
+            last_t=last_t,
+            state=json.dumps(state.to_json(), allow_nan=False).encode(),
             state_version=STATE_VERSION,
             now=datetime.now(UTC),
         )
-        stream_repo.advance(
-            session, live.stream_id, sample_count=new_state.samples, last_t=fresh[-1].t
-        )
-        return IngestOutcome(fresh, resent, result, opened, closed), new_state
+        stream_repo.advance(session, live.stream_id, sample_count=state.samples, last_t=last_t)
+        return True
 
     def _values(self, live: LiveStream, readings: Sequence[ReadingIn]) -> np.ndarray:
         """(N, C) with NaN for nulls; a reading names the stream's channels or nothing else."""
@@ -365,12 +567,12 @@ class StreamEngine:
     def _store_alarms(
         self,
         session: Session,
-        live: LiveStream,
-        fresh: Sequence[ReadingIn],
-        first: int,
-        result: BatchResult,
+        batch: _Batch,
     ) -> tuple[list[Alarm], list[Alarm]]:
         """Open and close alarm rows in sample order; refresh the peaks of those still open."""
+        live, fresh, result = batch.live, batch.fresh, batch.result
+        assert result is not None
+        first = result.first_sample
 
         def time_of(sample: int) -> datetime:
             if sample >= first:
@@ -387,8 +589,7 @@ class StreamEngine:
         actions.sort(key=lambda action: (action[0], action[1]))
         opened: list[Alarm] = []
         closed: list[Alarm] = []
-        peaks_before = {e.detector: e.peak for e in live.state.monitor.open_events()}
-        peaks_moved = any(peaks_before.get(e.detector) != e.peak for e in result.open_events)
+        peaks_moved = any(batch.peaks_before.get(e.detector) != e.peak for e in result.open_events)
         if not actions and not peaks_moved:
             return opened, closed  # the common case: no alarm row to touch, no query
         rows: dict[str, Alarm] = {
@@ -462,19 +663,25 @@ class StreamEngine:
 
     # -- reads --
 
-    def forecast(self, session: Session, stream: Stream, horizon: int) -> np.ndarray:
-        live = self.live(session, stream, remember=False)
-        return live.processor.forecast_ahead(live.state, horizon)
+    def forecast(
+        self, session: Session, stream: Stream, horizon: int
+    ) -> tuple[np.ndarray, datetime | None]:
+        """The direct forecast from the stream's current state, and the time it is made after."""
+        with self.stream_lock(stream.id):
+            live = self.live(session, stream)
+            return live.processor.forecast_ahead(live.state, horizon), live.last_t
+
+
+def _stored_values(stored: Reading, channels: list[str]) -> list[float]:
+    """A stored reading as the engine's row of channel values (NaN for null)."""
+    if stored.values is not None:
+        return [math.nan if stored.values.get(c) is None else stored.values[c] for c in channels]
+    return [math.nan if stored.value is None else stored.value]
 
 
 def _same_reading(
     stored: Reading, channels: list[str], values: np.ndarray, reference: float | None
 ) -> bool:
-    if stored.values is not None:
-        previous = np.array(
-            [math.nan if stored.values.get(c) is None else stored.values[c] for c in channels]
-        )
-    else:
-        previous = np.array([math.nan if stored.value is None else stored.value])
+    previous = np.array(_stored_values(stored, channels))
     same_values = bool(np.array_equal(previous, values, equal_nan=True))
     return same_values and stored.reference == reference

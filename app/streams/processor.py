@@ -16,8 +16,14 @@ Missing readings (null values) follow one documented rule:
   stream feeds the monitor exactly what the offline evaluation feeds it (residuals of windows
   with a missing value are NaN there too).
 
-The processor is pure: `process` never mutates the state it is given, so a failed database commit
-leaves the stream exactly as it was.
+A stateful forecaster (`lstm-stateful`) carries its recurrent state (h, c) in the stream's state
+instead of re-reading the window: each reading costs one LSTM step. Its window is kept only for
+the bookkeeping above (warm-up, imputed readings), so both kinds follow the same rules.
+
+`advance` moves a state on in place (the engine's path: on a failed commit the engine drops the
+live state and rebuilds it from the database); `process` is the pure form, which copies first.
+`advance_many` moves many streams on at once: streams with one reading each share one
+forecaster call (one batched LSTM step for all of them), the rest go one by one.
 """
 
 from __future__ import annotations
@@ -28,13 +34,21 @@ from typing import Any
 
 import numpy as np
 
-from app.errors import DataError
+from app.errors import AppError, DataError
 from app.forecasting.base import Forecaster
+from app.forecasting.stateful_lstm import (
+    LSTMState,
+    StatefulLSTMForecaster,
+    state_from_json,
+    state_to_json,
+)
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.monitor import Monitor, MonitorConfig
 
 STATE_VERSION = 1
 DEFAULT_MAX_GAP = 10
+DEFAULT_CHECKPOINT_EVERY = 1000
+"""Readings between two checkpoints of a stream: what a restart replays at most."""
 
 
 @dataclass
@@ -49,6 +63,27 @@ class StreamState:
     last_forecast: float | None = None
     last_residual: float | None = None
     last_statistics: dict[str, float] = field(default_factory=dict)  # detector -> last value
+    # A stateful forecaster's (h, c) after the window's last reading and the forecast it made
+    # then ((horizon,)); None for window forecasters and while the window is empty.
+    recurrent: LSTMState | None = None
+    pending: np.ndarray | None = None
+
+    def copy(self) -> StreamState:
+        """An independent copy (the monitor through its exact JSON state)."""
+        return StreamState(
+            samples=self.samples,
+            window=self.window.copy(),
+            imputed=self.imputed.copy(),
+            monitor=Monitor.from_state(self.monitor.config, self.monitor.state_dict()),
+            missing_run=self.missing_run,
+            last_forecast=self.last_forecast,
+            last_residual=self.last_residual,
+            last_statistics=dict(self.last_statistics),
+            recurrent=None
+            if self.recurrent is None
+            else LSTMState(h=self.recurrent.h.copy(), c=self.recurrent.c.copy()),
+            pending=None if self.pending is None else self.pending.copy(),
+        )
 
     def to_json(self) -> dict[str, Any]:
         """Exact (floats round-trip through JSON) and versioned."""
@@ -62,6 +97,10 @@ class StreamState:
             "last_residual": self.last_residual,
             "last_statistics": self.last_statistics,
             "monitor": self.monitor.state_dict(),
+            "recurrent": None if self.recurrent is None else state_to_json(self.recurrent),
+            "pending": None
+            if self.pending is None
+            else [None if math.isnan(x) else x for x in self.pending.tolist()],
         }
 
 
@@ -78,6 +117,22 @@ class BatchResult:
     opened: list[AlarmEvent]
     closed: list[AlarmEvent]
     open_events: list[AlarmEvent]  # every event open after the batch, with its peak so far
+
+
+@dataclass
+class _Plan:
+    """One reading of one stream between the bookkeeping and its forecaster call."""
+
+    state: StreamState
+    value: np.ndarray  # (C,), NaN for null
+    reference: float  # NaN: none
+    missing: bool
+    predict: bool = False  # window forecaster: forecast from the window before the reading
+    step: bool = False  # stateful forecaster: step from the last reading to this one
+    row: np.ndarray | None = None  # what joins the window (the reading, or its imputation)
+    forecast: float = math.nan
+    imputed: bool = False
+    step_output: tuple[np.ndarray, LSTMState] | None = None
 
 
 class StreamProcessor:
@@ -97,6 +152,9 @@ class StreamProcessor:
         self.max_gap = max_gap
         self.window = forecaster.window
         self.channels = forecaster.n_channels
+        self.stateful: StatefulLSTMForecaster | None = (
+            forecaster if isinstance(forecaster, StatefulLSTMForecaster) else None
+        )
 
     def new_state(self) -> StreamState:
         return StreamState(
@@ -117,6 +175,20 @@ class StreamProcessor:
         monitor = Monitor.from_state(self.monitor_config, saved["monitor"])
         if monitor.sample != saved["samples"]:
             raise DataError("stream state and monitor state disagree on the sample count")
+        recurrent, pending = None, None
+        if self.stateful is not None and window.shape[0]:
+            if saved.get("recurrent") is None or saved.get("pending") is None:
+                raise DataError("stream state has no recurrent state for a stateful model")
+            try:
+                recurrent = state_from_json(saved["recurrent"])
+            except AppError as exc:
+                raise DataError(f"stream state: {exc.detail}") from None
+            pending = np.array(
+                [math.nan if x is None else x for x in saved["pending"]], dtype=np.float64
+            )
+            expected = (self.stateful.layers, 1, self.stateful.hidden)
+            if recurrent.h.shape != expected or pending.shape != (self.stateful.horizon,):
+                raise DataError("stream state's recurrent state does not fit the model")
         return StreamState(
             samples=int(saved["samples"]),
             window=window,
@@ -126,11 +198,15 @@ class StreamProcessor:
             last_forecast=saved.get("last_forecast"),
             last_residual=saved.get("last_residual"),
             last_statistics={k: float(v) for k, v in saved.get("last_statistics", {}).items()},
+            recurrent=recurrent,
+            pending=pending,
         )
 
     def warmup_remaining(self, state: StreamState) -> int:
         """Readings still needed before the stream forecasts (and alarms) again."""
         return self.window - int(state.window.shape[0])
+
+    # -- processing --
 
     def process(
         self,
@@ -139,11 +215,55 @@ class StreamProcessor:
         references: np.ndarray | None = None,
         restart: np.ndarray | None = None,
     ) -> tuple[StreamState, BatchResult]:
-        """Advance `state` by a batch, returning the new state and what happened.
+        """The pure form of `advance`: the given state is left as it was."""
+        new_state = state.copy()
+        return new_state, self.advance(new_state, values, references, restart)
+
+    def advance(
+        self,
+        state: StreamState,
+        values: np.ndarray,
+        references: np.ndarray | None = None,
+        restart: np.ndarray | None = None,
+    ) -> BatchResult:
+        """Advance `state` in place by a batch and say what happened.
 
         values: (N, C) readings, NaN for null; references: (N,) reference readings (NaN: none);
-        restart: (N,) bool, True where a long time gap precedes the reading.
+        restart: (N,) bool, True where a long time gap precedes the reading. Bad input raises
+        DataError before anything changes.
         """
+        return self.advance_many([(state, values, references, restart)])[0]
+
+    def advance_many(
+        self,
+        batches: list[tuple[StreamState, np.ndarray, np.ndarray | None, np.ndarray | None]],
+    ) -> list[BatchResult]:
+        """`advance` for many streams' batches (one per stream), each with the semantics of
+        processing it alone; every stream with a single reading shares one forecaster call."""
+        checked = [self._check(*batch) for batch in batches]  # all validated before any change
+        results: list[BatchResult | None] = [None] * len(checked)
+        singles = [i for i, batch in enumerate(checked) if batch[1].shape[0] == 1]
+        for index, batch in enumerate(checked):
+            if batch[1].shape[0] != 1:
+                results[index] = self._advance_batch(*batch)
+        if singles:
+            plans = [self._plan(*checked[i]) for i in singles]
+            self._forecast_plans(plans)
+            for index, plan in zip(singles, plans, strict=True):
+                results[index] = self._finish(plan)
+        return [result for result in results if result is not None]
+
+    def check(self, values: np.ndarray, references: np.ndarray | None = None) -> None:
+        """Raise DataError if `advance` would refuse these readings."""
+        self._check(self.new_state(), values, references, None)
+
+    def _check(
+        self,
+        state: StreamState,
+        values: np.ndarray,
+        references: np.ndarray | None,
+        restart: np.ndarray | None,
+    ) -> tuple[StreamState, np.ndarray, np.ndarray | None, np.ndarray]:
         values = np.asarray(values, dtype=np.float64)
         if values.ndim == 1:
             values = values[:, None]
@@ -154,13 +274,152 @@ class StreamProcessor:
             )
         if np.isinf(values).any():
             raise DataError("readings must be finite numbers or null")
+        if references is not None:
+            references = np.asarray(references, dtype=np.float64)
+            if references.shape != (count,):
+                raise DataError(f"{references.shape[0]} references for {count} readings")
+            if np.isinf(references).any():
+                raise DataError("references must be finite numbers or null")
         restart = np.zeros(count, dtype=bool) if restart is None else np.asarray(restart, bool)
+        return state, values, references, restart
+
+    # -- one reading: bookkeeping, one (shared) forecaster call, monitor --
+
+    def _plan(
+        self,
+        state: StreamState,
+        values: np.ndarray,
+        references: np.ndarray | None,
+        restart: np.ndarray,
+    ) -> _Plan:
+        value = values[0]
+        plan = _Plan(
+            state=state,
+            value=value,
+            reference=math.nan if references is None else float(references[0]),
+            missing=bool(np.isnan(value).any()),
+        )
+        if restart[0]:
+            self._empty_window(state)
+        filled = state.window.shape[0]
+        if plan.missing:
+            state.missing_run += 1
+            if state.missing_run > self.max_gap or filled < self.window:
+                self._empty_window(state)  # restart the warm-up: nothing to impute from
+                return plan
+            plan.imputed = True
+        else:
+            state.missing_run = 0
+        if self.stateful is None:
+            plan.predict = filled >= self.window
+        else:
+            if filled >= self.window:
+                assert state.pending is not None
+                plan.forecast = float(state.pending[0])
+            if plan.imputed:
+                plan.row = self._imputed_row(plan.value, plan.forecast, state.window[-1])
+            plan.step = filled > 0
+        return plan
+
+    def _forecast_plans(self, plans: list[_Plan]) -> None:
+        """Every plan's forecaster work in one call: windows predicted, or streams stepped."""
+        wanted = [plan for plan in plans if plan.predict]
+        if wanted:
+            windows = np.stack([plan.state.window for plan in wanted])
+            for plan, forecast in zip(wanted, self.forecaster.predict(windows)[:, 0], strict=True):
+                plan.forecast = float(forecast)
+                if plan.imputed:
+                    plan.row = self._imputed_row(plan.value, plan.forecast, plan.state.window[-1])
+        stepping = [plan for plan in plans if plan.step]
+        if stepping and self.stateful is not None:
+            recurrent = [plan.state.recurrent for plan in stepping]
+            assert all(state is not None for state in recurrent)
+            before = LSTMState.stack([state for state in recurrent if state is not None])
+            previous = np.stack([plan.state.window[-1] for plan in stepping])
+            current = np.stack([plan.value if plan.row is None else plan.row for plan in stepping])
+            forecasts, after = self.stateful.step(before, previous, current)
+            for row, plan in enumerate(stepping):
+                plan.step_output = (forecasts[row], after.select([row]))
+
+    def _finish(self, plan: _Plan) -> BatchResult:
+        state = plan.state
+        W = self.window
+        row = plan.value if plan.row is None else plan.row
+        forecast = plan.forecast
+        residual = math.nan if plan.imputed else float(plan.value[0]) - forecast
+        appended = plan.row is not None or not plan.missing
+        monitored = not math.isnan(residual) and not state.imputed[-W:].any()
+        gap = None
+        if not math.isnan(plan.reference) and not math.isnan(forecast) and not plan.imputed:
+            gap = float(plan.value[0]) - plan.reference
+        step = state.monitor.update(
+            residual if monitored else math.nan,
+            reference_gap=gap,
+        )
+        if appended:
+            if self.stateful is not None:
+                if plan.step_output is None:  # the first reading of a run: a fresh state
+                    state.recurrent = self.stateful.initial_state(1)
+                    state.pending = np.full(self.stateful.horizon, np.nan)
+                else:
+                    state.pending, state.recurrent = plan.step_output
+            state.window = np.concatenate([state.window[-(W - 1) :], row[None]])
+            state.imputed = np.append(state.imputed[-(W - 1) :], plan.imputed)
+        if not math.isnan(forecast):
+            state.last_forecast = forecast
+        if not math.isnan(residual):
+            state.last_residual = residual
+        statistics: dict[str, np.ndarray] = {}
+        for kind, statistic in step.statistics.items():
+            statistics[kind] = np.array([math.nan if statistic is None else statistic])
+            if statistic is not None:
+                state.last_statistics[kind] = statistic
+        first = state.samples
+        state.samples += 1
+        return BatchResult(
+            first_sample=first,
+            forecast=np.array([forecast]),
+            residual=np.array([residual]),
+            imputed=np.array([plan.imputed]),
+            monitored=np.array([monitored]),
+            statistics=statistics,
+            opened=step.opened,
+            closed=step.closed,
+            open_events=state.monitor.open_events(),
+        )
+
+    def _empty_window(self, state: StreamState) -> None:
+        state.window = np.empty((0, self.channels))
+        state.imputed = np.zeros(0, dtype=bool)
+        state.recurrent = None
+        state.pending = None
+
+    @staticmethod
+    def _imputed_row(value: np.ndarray, guess: float, last: np.ndarray) -> np.ndarray:
+        """A null reading's stand-in: its forecast, and the last reading on other null channels."""
+        row = value.copy()
+        row[0] = guess if math.isnan(row[0]) else row[0]
+        nan_channels = np.isnan(row)
+        row[nan_channels] = last[nan_channels]
+        return row
+
+    # -- a batch of one stream: runs of readings forecast in one call each --
+
+    def _advance_batch(
+        self,
+        state: StreamState,
+        values: np.ndarray,
+        references: np.ndarray | None,
+        restart: np.ndarray,
+    ) -> BatchResult:
+        count = values.shape[0]
         W = self.window
         kept = state.window.shape[0]
         buffer = np.empty((kept + count, self.channels))
         buffer[:kept] = state.window
         imputed_buffer = np.zeros(kept + count, dtype=bool)
         imputed_buffer[:kept] = state.imputed
+        recurrent, pending = state.recurrent, state.pending  # stateful: after buffer[end - 1]
         # Per reading: its position in `buffer` (-1 when it is not appended) and the position
         # where its window's continuous run begins.
         forecast = np.full(count, np.nan)
@@ -179,12 +438,19 @@ class StreamProcessor:
                 if missing_run > self.max_gap or end - run_start < W:
                     run_start = end  # restart the warm-up: nothing to impute from
                 else:
-                    guess = self.forecaster.predict(buffer[None, end - W : end])[0, 0]
+                    if self.stateful is None:
+                        guess = self.forecaster.predict(buffer[None, end - W : end])[0, 0]
+                    else:
+                        assert pending is not None
+                        guess = float(pending[0])
                     forecast[index] = guess
-                    row = values[index].copy()
-                    row[0] = guess if math.isnan(row[0]) else row[0]
-                    nan_channels = np.isnan(row)
-                    row[nan_channels] = buffer[end - 1, nan_channels]  # carry other channels
+                    row = self._imputed_row(values[index], guess, buffer[end - 1])
+                    if self.stateful is not None:
+                        assert recurrent is not None
+                        out, recurrent = self.stateful.step(
+                            recurrent, buffer[end - 1 : end], row[None]
+                        )
+                        pending = out[0]
                     buffer[end] = row
                     imputed_buffer[end] = True
                     imputed[index] = True
@@ -201,7 +467,15 @@ class StreamProcessor:
             positions = np.arange(end, end + length)
             position[index:stop] = positions
             warm = positions - run_start >= W
-            if warm.any():
+            if self.stateful is not None:
+                continued = end > run_start
+                recurrent, pending, made = self._run(
+                    buffer[end - 1 if continued else end : end + length],
+                    recurrent if continued else None,
+                    pending if continued else None,
+                )
+                forecast[index:stop][warm] = made[warm]
+            elif warm.any():
                 targets = positions[warm]
                 view = np.lib.stride_tricks.sliding_window_view(buffer, W, axis=0)
                 windows = view[targets - W].transpose(0, 2, 1)
@@ -223,42 +497,30 @@ class StreamProcessor:
         warm_reading = ~np.isnan(forecast) & ~imputed
         gaps = None
         if references is not None:
-            references = np.asarray(references, dtype=np.float64)
-            if references.shape != (count,):
-                raise DataError(f"{references.shape[0]} references for {count} readings")
-            if np.isinf(references).any():
-                raise DataError("references must be finite numbers or null")
             gaps = np.where(warm_reading, values[:, 0] - references, np.nan)
 
-        monitor = Monitor.from_state(self.monitor_config, state.monitor.state_dict())
-        run = monitor.run(monitor_residual, gaps)
+        run = state.monitor.run(monitor_residual, gaps)
 
         tail = max(run_start, end - W)
-        last_forecast = state.last_forecast
-        last_residual = state.last_residual
         has_forecast = np.flatnonzero(~np.isnan(forecast))
         if has_forecast.size:
-            last_forecast = float(forecast[has_forecast[-1]])
+            state.last_forecast = float(forecast[has_forecast[-1]])
         has_residual = np.flatnonzero(~np.isnan(residual))
         if has_residual.size:
-            last_residual = float(residual[has_residual[-1]])
-        last_statistics = dict(state.last_statistics)
+            state.last_residual = float(residual[has_residual[-1]])
         for kind, statistics in run.statistics.items():
             known = np.flatnonzero(~np.isnan(statistics))
             if known.size:
-                last_statistics[kind] = float(statistics[known[-1]])
-        new_state = StreamState(
-            samples=state.samples + count,
-            window=buffer[tail:end].copy(),
-            imputed=imputed_buffer[tail:end].copy(),
-            monitor=monitor,
-            missing_run=missing_run,
-            last_forecast=last_forecast,
-            last_residual=last_residual,
-            last_statistics=last_statistics,
-        )
-        result = BatchResult(
-            first_sample=state.samples,
+                state.last_statistics[kind] = float(statistics[known[-1]])
+        first = state.samples
+        state.samples += count
+        state.window = buffer[tail:end].copy()
+        state.imputed = imputed_buffer[tail:end].copy()
+        state.missing_run = missing_run
+        if self.stateful is not None:
+            state.recurrent, state.pending = (recurrent, pending) if end > tail else (None, None)
+        return BatchResult(
+            first_sample=first,
             forecast=forecast,
             residual=residual,
             imputed=imputed,
@@ -266,9 +528,29 @@ class StreamProcessor:
             statistics=run.statistics,
             opened=run.opened,
             closed=run.closed,
-            open_events=monitor.open_events(),
+            open_events=state.monitor.open_events(),
         )
-        return new_state, result
+
+    def _run(
+        self, readings: np.ndarray, recurrent: LSTMState | None, pending: np.ndarray | None
+    ) -> tuple[LSTMState, np.ndarray, np.ndarray]:
+        """Step the stateful model over consecutive readings. `readings[0]` is the run's last
+        reading so far when `recurrent` is given (its forecast is `pending`), else the first of a
+        new run. Returns the state after the last reading, the forecast made then, and the
+        forecast of each new reading (NaN for a run's first)."""
+        assert self.stateful is not None
+        fresh = recurrent is None
+        if recurrent is None:
+            recurrent = self.stateful.initial_state(1)
+            pending = np.full(self.stateful.horizon, np.nan)
+        assert pending is not None
+        if readings.shape[0] < 2:  # a new run's first reading: nothing to step yet
+            return recurrent, pending, np.array([math.nan])
+        out, recurrent = self.stateful.run(readings, recurrent)
+        # out[j] is the forecast made after readings[j + 1].
+        before = [math.nan, math.nan] if fresh else [float(pending[0])]
+        forecasts = np.concatenate([before, out[:-1, 0]])
+        return recurrent, out[-1].copy(), forecasts
 
     def forecast_ahead(self, state: StreamState, horizon: int) -> np.ndarray:
         """The direct multi-step forecast from the current window: (horizon,)."""
@@ -280,4 +562,7 @@ class StreamProcessor:
             raise DataError(
                 f"the stream is warming up: {remaining} more readings before it can forecast"
             )
+        if self.stateful is not None:
+            assert state.pending is not None
+            return state.pending[:horizon].copy()
         return self.forecaster.predict(state.window[None])[0, :horizon]

@@ -162,8 +162,8 @@ def transaction_blocker(backend: str, database_url: str) -> Iterator[Callable[[]
     """Hold a lock the next ingest's transaction needs; yield a wait until it is stuck on it.
 
     SQLite: the database's write lock, so the ingest processes its batch and then waits at its
-    first write. PostgreSQL: the stream's checkpoint row, so the ingest has already inserted its
-    readings and alarm changes (uncommitted) when it blocks on the checkpoint update.
+    first write. PostgreSQL: the stream's row, which the ingest locks first (it is the lock
+    between processes), so it waits inside its transaction.
     """
     if backend == "sqlite":
         path = make_url(database_url).database
@@ -183,7 +183,7 @@ def transaction_blocker(backend: str, database_url: str) -> Iterator[Callable[[]
     try:
         with engine.connect() as holder:
             holder.execute(
-                text("SELECT stream_id FROM stream_checkpoints WHERE stream_id = :s FOR UPDATE"),
+                text("SELECT id FROM streams WHERE id = :s FOR UPDATE"),
                 {"s": STREAM},
             )
             me = holder.execute(text("SELECT pg_backend_pid()")).scalar_one()

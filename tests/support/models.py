@@ -1,4 +1,5 @@
-"""Real model artifacts for tests: the shipped LSTM, calibrated on the lab's hold-out."""
+"""Real model artifacts for tests: the shipped LSTM and a stateful one, calibrated on the lab's
+hold-out."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from pathlib import Path
 
 import numpy as np
 
+from app.forecasting.artifacts import save_model
+from app.forecasting.stateful_lstm import StatefulLSTMForecaster
+from app.forecasting.training import TrainingConfig, seeded
 from app.monitoring.workflow import calibrate
 from app.series import Series, read_csv
 
@@ -34,3 +38,23 @@ def calibrated_lab_model(models_dir: Path, name: str = "lstm-seed0") -> Path:
 def epoch_times(start: int, stop: int, *, period: float = 0.1, t0: float = 1.7e9) -> np.ndarray:
     """Reading times for samples [start, stop) of a record: t0 + sample * period (epoch s)."""
     return t0 + np.arange(start, stop) * period
+
+
+STATEFUL_LAB_TRAINING = TrainingConfig(epochs=12, batch_size=4, patience=4)
+
+
+def stateful_lab_model(models_dir: Path, name: str = "lstm-stateful-lab") -> Path:
+    """A stateful LSTM trained on seed 0 up to sample 6000 (a few seconds), with the lab's
+    margins on hold-out 6000..6999 like `calibrated_lab_model`."""
+    target = models_dir / name
+    seed0 = read_csv(ROOT / "tests" / "data" / "twin_seed0.csv")
+    with seeded(0):
+        model = StatefulLSTMForecaster(training=STATEFUL_LAB_TRAINING)
+        model.fit(seed0.value[:, None], train_end=6000)
+    save_model(
+        model,
+        target,
+        extra={"channels": ["value"], "training": {"data": "tests/data/twin_seed0.csv"}},
+    )
+    calibrate(target, LAB_CSV, "6000:7000")
+    return target

@@ -19,21 +19,26 @@ _IN_CHUNK = 1000
 
 @dataclass(frozen=True, slots=True)
 class NewReading:
-    """One reading to store: `sample` is the stream's running index, `t` timezone-aware UTC."""
+    """One reading to store: `sample` is the stream's running index, `t` timezone-aware UTC,
+    `batch` the sample of the first reading of the request that brought it."""
 
+    stream_id: str
     sample: int
     t: datetime
     value: float | None
     values: dict[str, float | None] | None = None
     reference: float | None = None
+    batch: int | None = None
 
 
-def insert_batch(session: Session, *, stream_id: str, readings: Sequence[NewReading]) -> int:
-    """Insert `readings`, skipping any whose (stream, t) or (stream, sample) is already stored.
+def insert_many(session: Session, readings: Sequence[NewReading]) -> int:
+    """Insert `readings` (of any streams), skipping any whose (stream, t) or (stream, sample) is
+    already stored.
 
     Returns how many rows were inserted, so a caller that checked for duplicates first can tell
-    that a concurrent writer got there in between. One statement per batch on PostgreSQL (arrays
-    unnested server-side: about twice as fast as a multi-row VALUES with RETURNING).
+    that a concurrent writer got there in between. One statement on PostgreSQL (arrays unnested
+    server-side: about twice as fast as a multi-row VALUES with RETURNING), one executemany on
+    SQLite.
     """
     if not readings:
         return 0
@@ -42,13 +47,14 @@ def insert_batch(session: Session, *, stream_id: str, readings: Sequence[NewRead
             raise ValueError(f"naive datetime {reading.t!r}: give a timezone-aware UTC time")
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        return _insert_unnest(session, stream_id, readings)
+        return _insert_unnest(session, readings)
     if dialect != "sqlite":
-        raise NotImplementedError(f"readings.insert_batch does not support {dialect}")
+        raise NotImplementedError(f"readings.insert_many does not support {dialect}")
     rows = [
         {
-            "stream_id": stream_id,
+            "stream_id": reading.stream_id,
             "sample": reading.sample,
+            "batch": reading.batch,
             "t": reading.t,
             "value": reading.value,
             "values": reading.values,
@@ -66,24 +72,29 @@ def insert_batch(session: Session, *, stream_id: str, readings: Sequence[NewRead
 
 _UNNEST_INSERT = text(
     f"""
-    INSERT INTO {Reading.__tablename__} (stream_id, sample, t, value, "values", reference)
-    SELECT :stream_id, u.sample, u.t, u.value, CAST(u.channel_values AS json), u.reference
+    INSERT INTO {Reading.__tablename__}
+        (stream_id, sample, batch, t, value, "values", reference)
+    SELECT u.stream_id, u.sample, u.batch, u.t, u.value, CAST(u.channel_values AS json),
+        u.reference
     FROM unnest(
+        CAST(:stream_ids AS text[]),
         CAST(:samples AS bigint[]),
+        CAST(:batches AS bigint[]),
         CAST(:times AS timestamptz[]),
         CAST(:values AS double precision[]),
         CAST(:channel_values AS text[]),
         CAST(:references AS double precision[])
-    ) AS u(sample, t, value, channel_values, reference)
+    ) AS u(stream_id, sample, batch, t, value, channel_values, reference)
     ON CONFLICT DO NOTHING
     """
 )
 
 
-def _insert_unnest(session: Session, stream_id: str, readings: Sequence[NewReading]) -> int:
+def _insert_unnest(session: Session, readings: Sequence[NewReading]) -> int:
     parameters = {
-        "stream_id": stream_id,
+        "stream_ids": [reading.stream_id for reading in readings],
         "samples": [reading.sample for reading in readings],
+        "batches": [reading.batch for reading in readings],
         "times": [reading.t for reading in readings],
         "values": [reading.value for reading in readings],
         "channel_values": [
@@ -130,6 +141,12 @@ def tail(session: Session, *, stream_id: str, limit: int) -> list[Reading]:
         .limit(limit)
     )
     return list(reversed(list(session.scalars(statement))))
+
+
+def any_for(session: Session, *, stream_id: str) -> bool:
+    """Whether the stream has accepted any reading."""
+    statement = select(Reading.sample).where(Reading.stream_id == stream_id).limit(1)
+    return session.scalar(statement) is not None
 
 
 def count(session: Session, *, stream_id: str) -> int:

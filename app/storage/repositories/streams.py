@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -29,6 +30,27 @@ def require(session: Session, stream_id: str, *, for_update: bool = False) -> St
     if stream is None:
         raise NotFoundError(f"stream {stream_id!r} does not exist", stream=stream_id)
     return stream
+
+
+def get_many(session: Session, stream_ids: Sequence[str]) -> list[Stream]:
+    """Those of the streams that exist, in key order."""
+    statement = select(Stream).where(Stream.id.in_(stream_ids)).order_by(Stream.id)
+    return list(session.scalars(statement))
+
+
+def require_many(
+    session: Session, stream_ids: Sequence[str], *, for_update: bool = False
+) -> list[Stream]:
+    """The streams in the order asked, in one query; NotFoundError names the first missing one.
+    `for_update` locks the rows in key order (two requests never deadlock)."""
+    statement = select(Stream).where(Stream.id.in_(stream_ids)).order_by(Stream.id)
+    if for_update:
+        statement = statement.with_for_update()
+    found = {stream.id: stream for stream in session.scalars(statement)}
+    for stream_id in stream_ids:
+        if stream_id not in found:
+            raise NotFoundError(f"stream {stream_id!r} does not exist", stream=stream_id)
+    return [found[stream_id] for stream_id in stream_ids]
 
 
 def list_all(session: Session) -> list[Stream]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from fastapi.testclient import TestClient
 
 from app.storage.db import Database
-from app.storage.repositories import streams as stream_repo
 from tests.integration.conftest import T0, make_alarm
 
 PROBLEM = "application/problem+json"
@@ -84,9 +83,9 @@ def test_model_channels_and_reference_are_fixed_once_readings_arrived(
     client: TestClient, database: Database
 ) -> None:
     assert client.put("/v1/streams/pump-1", json={}).status_code == 201
-    with database.session() as session:
-        stream = stream_repo.require(session, "pump-1")
-        stream_repo.advance(session, stream.id, sample_count=10, last_t=T0)
+    readings = [{"t": T0.timestamp() + i / 10, "value": float(i)} for i in range(10)]
+    posted = client.post("/v1/streams/pump-1/readings", json={"readings": readings})
+    assert posted.status_code == 200
 
     changed = client.put("/v1/streams/pump-1", json={"has_reference": True})
     assert changed.status_code == 409

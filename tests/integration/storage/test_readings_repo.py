@@ -15,9 +15,13 @@ from app.storage.repositories.readings import NewReading
 from tests.integration.conftest import T0, make_stream
 
 
-def at(sample: int) -> NewReading:
+def at(sample: int, stream_id: str = "pump-1") -> NewReading:
     return NewReading(
-        sample=sample, t=T0 + timedelta(seconds=sample / 10), value=sample * 0.5, reference=1.0
+        stream_id=stream_id,
+        sample=sample,
+        t=T0 + timedelta(seconds=sample / 10),
+        value=sample * 0.5,
+        reference=1.0,
     )
 
 
@@ -30,12 +34,10 @@ def stream_db(database: Database) -> Database:
 
 
 def insert(session: Session, stream_id: str, samples: range) -> int:
-    return reading_repo.insert_batch(
-        session, stream_id=stream_id, readings=[at(i) for i in samples]
-    )
+    return reading_repo.insert_many(session, [at(i, stream_id) for i in samples])
 
 
-def test_insert_batch_skips_what_is_already_stored(stream_db: Database) -> None:
+def test_insert_many_skips_what_is_already_stored(stream_db: Database) -> None:
     with stream_db.session() as session:
         assert insert(session, "pump-1", range(5)) == 5
     with stream_db.session() as session:
@@ -51,22 +53,27 @@ def test_insert_batch_skips_what_is_already_stored(stream_db: Database) -> None:
 
 def test_a_reading_at_a_stored_time_is_skipped_whatever_its_sample(stream_db: Database) -> None:
     with stream_db.session() as session:
-        reading_repo.insert_batch(session, stream_id="pump-1", readings=[at(0)])
-        clash = NewReading(sample=99, t=at(0).t, value=123.0)
-        assert reading_repo.insert_batch(session, stream_id="pump-1", readings=[clash]) == 0
+        reading_repo.insert_many(session, [at(0)])
+        clash = NewReading(stream_id="pump-1", sample=99, t=at(0).t, value=123.0)
+        assert reading_repo.insert_many(session, [clash]) == 0
         stored = reading_repo.existing_at(session, stream_id="pump-1", times=[at(0).t])
         assert stored[at(0).t].value == 0.0  # the first value stays
 
 
 def test_existing_at_returns_stored_readings_by_time(stream_db: Database) -> None:
     with stream_db.session() as session:
-        reading_repo.insert_batch(
+        reading_repo.insert_many(
             session,
-            stream_id="pump-1",
-            readings=[
+            [
                 at(0),
-                NewReading(sample=1, t=at(1).t, value=None, reference=None),
-                NewReading(sample=2, t=at(2).t, value=2.5, values={"value": 2.5, "load": None}),
+                NewReading(stream_id="pump-1", sample=1, t=at(1).t, value=None, reference=None),
+                NewReading(
+                    stream_id="pump-1",
+                    sample=2,
+                    t=at(2).t,
+                    value=2.5,
+                    values={"value": 2.5, "load": None},
+                ),
             ],
         )
     with stream_db.session() as session:
@@ -82,7 +89,7 @@ def test_existing_at_returns_stored_readings_by_time(stream_db: Database) -> Non
 
 def test_single_channel_values_are_sql_null(stream_db: Database) -> None:
     with stream_db.session() as session:
-        reading_repo.insert_batch(session, stream_id="pump-1", readings=[at(0)])
+        reading_repo.insert_many(session, [at(0)])
     with stream_db.session() as session:
         nulls = session.scalar(
             select(text("count(*)")).select_from(Reading).where(Reading.values.is_(None))
@@ -93,7 +100,7 @@ def test_single_channel_values_are_sql_null(stream_db: Database) -> None:
 def test_existing_at_handles_more_times_than_one_query_binds(stream_db: Database) -> None:
     batch = [at(i) for i in range(2500)]
     with stream_db.session() as session:
-        assert reading_repo.insert_batch(session, stream_id="pump-1", readings=batch) == 2500
+        assert reading_repo.insert_many(session, batch) == 2500
     with stream_db.session() as session:
         times = [reading.t for reading in batch[::2]]
         found = reading_repo.existing_at(session, stream_id="pump-1", times=times)
@@ -103,7 +110,7 @@ def test_existing_at_handles_more_times_than_one_query_binds(stream_db: Database
 
 def test_tail_and_by_sample_are_oldest_first(stream_db: Database) -> None:
     with stream_db.session() as session:
-        reading_repo.insert_batch(session, stream_id="pump-1", readings=[at(i) for i in range(10)])
+        reading_repo.insert_many(session, [at(i) for i in range(10)])
     with stream_db.session() as session:
         assert [r.sample for r in reading_repo.tail(session, stream_id="pump-1", limit=3)] == [
             7,
@@ -118,6 +125,6 @@ def test_tail_and_by_sample_are_oldest_first(stream_db: Database) -> None:
 
 
 def test_naive_times_are_refused(stream_db: Database) -> None:
-    naive = NewReading(sample=0, t=at(0).t.replace(tzinfo=None), value=1.0)
+    naive = NewReading(stream_id="pump-1", sample=0, t=at(0).t.replace(tzinfo=None), value=1.0)
     with pytest.raises(ValueError, match="naive datetime"), stream_db.session() as session:
-        reading_repo.insert_batch(session, stream_id="pump-1", readings=[naive])
+        reading_repo.insert_many(session, [naive])

@@ -85,10 +85,8 @@ def test_delete_cascades_to_alarms_checkpoint_and_readings(database: Database) -
                 state_version=1,
                 now=T0,
             )
-            reading_repo.insert_batch(
-                session,
-                stream_id=stream_id,
-                readings=[reading_repo.NewReading(sample=0, t=T0, value=1.0)],
+            reading_repo.insert_many(
+                session, [reading_repo.NewReading(stream_id=stream_id, sample=0, t=T0, value=1.0)]
             )
     with database.session() as session:
         stream_repo.delete(session, "doomed")

@@ -1,4 +1,4 @@
-"""The engine against a real database: reads never leave a stale state behind."""
+"""The engine against a real database: rebuilt from checkpoints and readings, never stale."""
 
 from __future__ import annotations
 
@@ -6,13 +6,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from sqlalchemy.exc import OperationalError
 
 from app.main import register_models
 from app.metrics import Metrics
 from app.registry import default_loader, load_models
 from app.schemas import ReadingIn
-from app.storage.db import Database
-from app.storage.repositories import checkpoints, streams
+from app.storage.db import Database, DatabaseError
+from app.storage.repositories import readings as reading_repo
+from app.storage.repositories import streams
 from app.streams.engine import StreamEngine
 from tests.support.models import calibrated_lab_model
 
@@ -26,15 +28,17 @@ def batch(first: int, count: int) -> list[ReadingIn]:
     ]
 
 
-@pytest.fixture
-def engine(database: Database, tmp_path: Path) -> StreamEngine:
-    calibrated_lab_model(tmp_path / "models")
+def make_engine(
+    database: Database, tmp_path: Path, *, stream: str = "p", checkpoint_every: int = 1000
+) -> StreamEngine:
+    if not (tmp_path / "models").exists():
+        calibrated_lab_model(tmp_path / "models")
     registry = load_models(tmp_path / "models", loaded_at=T0, loader=default_loader)
     register_models(database, registry)
     with database.session() as session:
         streams.create(
             session,
-            stream_id="p",
+            stream_id=stream,
             model_name="lstm-seed0",
             channels=["value"],
             sample_period_s=0.1,
@@ -42,25 +46,69 @@ def engine(database: Database, tmp_path: Path) -> StreamEngine:
             detector_overrides={},
             now=T0,
         )
-    return StreamEngine(database, registry, Metrics())
+    return StreamEngine(database, registry, Metrics(), checkpoint_every=checkpoint_every)
 
 
-def test_a_read_racing_an_ingest_leaves_no_stale_state(
-    engine: StreamEngine, database: Database, monkeypatch: pytest.MonkeyPatch
+@pytest.fixture
+def engine(database: Database, tmp_path: Path) -> StreamEngine:
+    return make_engine(database, tmp_path)
+
+
+def results(
+    engine: StreamEngine, sizes: list[int], first: int = 0, stream: str = "p"
+) -> list[float]:
+    residuals: list[float] = []
+    for size in sizes:
+        outcome = engine.ingest(stream, batch(first, size))
+        assert outcome.result is not None and len(outcome.accepted) == size
+        residuals.extend(outcome.result.residual.tolist())
+        first += size
+    return residuals
+
+
+SIZES = [100, 7, 1, 1, 250, 13, 1, 300, 50, 1, 1, 1, 30]  # 756 readings
+
+
+@pytest.mark.parametrize("checkpoint_every", [1, 97, 100_000])
+def test_a_stream_rebuilt_from_the_database_continues_exactly(
+    database: Database, tmp_path: Path, checkpoint_every: int
 ) -> None:
-    engine.ingest("p", batch(0, 100))
-    engine.forget("p")  # as after a reconfiguration: the checkpoint is only in the database
-    original = checkpoints.get
+    """Checkpoint + the readings after it, replayed in their original batches, give the state
+    the stream had: the continuation is bit for bit the same as never having stopped."""
+    engine = make_engine(database, tmp_path, checkpoint_every=checkpoint_every)
+    results(engine, SIZES)
+    engine.forget("p")  # as after a restart: only the database remains
+    resumed = results(engine, [5, 1, 40], first=756)
 
-    def get_then_let_a_post_run(session, stream_id):  # type: ignore[no-untyped-def]
-        checkpoint = original(session, stream_id)
-        monkeypatch.setattr(checkpoints, "get", original)
-        assert engine.ingest("p", batch(100, 100)).duplicates == 0  # a POST completes meanwhile
-        return checkpoint
+    reference = make_engine(database, tmp_path, stream="q")
+    results(reference, SIZES, stream="q")
+    expected = results(reference, [5, 1, 40], first=756, stream="q")
+    assert resumed == expected
 
-    monkeypatch.setattr(checkpoints, "get", get_then_let_a_post_run)
+
+def test_a_failed_commit_leaves_no_trace_in_the_live_state(
+    engine: StreamEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    results(engine, [100])
+    real_insert = reading_repo.insert_many
+
+    def fail(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise OperationalError("INSERT", {}, Exception("disk I/O error"))
+
+    monkeypatch.setattr(reading_repo, "insert_many", fail)
+    with pytest.raises(DatabaseError, match="safe to re-send"):
+        engine.ingest("p", batch(100, 10))
+    monkeypatch.setattr(reading_repo, "insert_many", real_insert)
+    again = engine.ingest("p", batch(100, 10))  # the retry is processed from the old state
+    assert again.duplicates == 0 and len(again.accepted) == 10
+    assert again.result is not None and again.result.first_sample == 100
+
+
+def test_reads_see_committed_batches_only(engine: StreamEngine, database: Database) -> None:
+    results(engine, [100])
+    engine.forget("p")
     with database.session() as session:
-        stale = engine.live(session, streams.require(session, "p"), remember=False)  # a GET
-    assert stale.state.samples == 100
-    for first in (200, 210, 220):
-        assert len(engine.ingest("p", batch(first, 10)).accepted) == 10
+        view = engine.view(session, streams.require(session, "p"))
+    assert view.samples == 100 and view.last_t == batch(99, 1)[0].t
+    results(engine, [10], first=100)
+    assert engine.position("p") == (110, batch(109, 1)[0].t)

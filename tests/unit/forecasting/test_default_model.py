@@ -25,5 +25,6 @@ def test_the_shipped_model_loads_and_still_scores_what_its_manifest_says(seed0: 
     targets = np.arange(6000, 7000)
     forecast = model.predict(sliding_windows(data, targets, 64))[:, 0]
     rmse = float(np.sqrt(np.mean((forecast - data[targets, 0]) ** 2)))
-    assert abs(rmse - manifest["metrics"]["test"]["rmse"]) < 1e-9
+    # Another CPU (vector width, BLAS kernel) rounds float32 differently in the last bits.
+    assert abs(rmse - manifest["metrics"]["test"]["rmse"]) < 1e-6
     assert rmse < 0.14  # SPEC: 0.133 at origin 6000

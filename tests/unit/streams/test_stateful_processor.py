@@ -1,0 +1,184 @@
+"""The processor with a stateful forecaster, and many streams advanced together."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from app.forecasting.linear_ar import LinearAR
+from app.forecasting.stateful_lstm import StatefulLSTMForecaster
+from app.forecasting.training import TrainingConfig
+from app.monitoring.alarms import AlarmEvent
+from app.monitoring.calibration import HoldOut, calibrate_margins
+from app.monitoring.monitor import Monitor
+from app.series import Series
+from app.streams.processor import StreamProcessor
+
+W = 64
+TINY = TrainingConfig(epochs=3, batch_size=4, lr=1e-2, validation=200)
+
+
+@pytest.fixture(scope="module")
+def lab(seed0_lab: Series) -> tuple[StreamProcessor, np.ndarray, np.ndarray]:
+    """A small stateful LSTM with the lab's margins, and the lab series from 6000 on."""
+    values = seed0_lab.value
+    assert seed0_lab.reference is not None
+    forecaster = StatefulLSTMForecaster(window=W, hidden=8, sequence=32, training=TINY)
+    forecaster.fit(values[:, None], train_end=6000)
+    residuals = streamed_residuals(forecaster, values[:7000])
+    gaps = values[:7000] - seed0_lab.reference[:7000]
+    config = calibrate_margins(HoldOut(residuals[6000:7000], gaps[6000:7000]))
+    return StreamProcessor(forecaster, config), values[6000:], seed0_lab.reference[6000:]
+
+
+def streamed_residuals(forecaster: StatefulLSTMForecaster, values: np.ndarray) -> np.ndarray:
+    """The offline form of one stream stepped from its first reading: NaN before W readings."""
+    forecasts, _ = forecaster.run(values[:, None])
+    residuals = np.full(values.size, np.nan)
+    residuals[W:] = values[W:] - forecasts[W - 2 : -1, 0]  # row j: made after reading j + 1
+    return residuals
+
+
+def offline(processor: StreamProcessor, values: np.ndarray, references: np.ndarray):  # type: ignore[no-untyped-def]
+    assert processor.stateful is not None
+    residuals = streamed_residuals(processor.stateful, values)
+    gaps = values - references
+    gaps[:W] = np.nan
+    monitor = Monitor(processor.monitor_config)
+    run = monitor.run(residuals, gaps)
+    return residuals, run.events(monitor.open_events())
+
+
+def stream(processor: StreamProcessor, values: np.ndarray, references: np.ndarray, size: int):  # type: ignore[no-untyped-def]
+    state = processor.new_state()
+    residuals, events = [], []
+    for start in range(0, values.size, size):
+        result = processor.advance(
+            state, values[start : start + size, None], references[start : start + size]
+        )
+        residuals.append(result.residual)
+        events.extend(result.closed)
+    events.extend(state.monitor.open_events())
+    return state, np.concatenate(residuals), events
+
+
+def same_events(a: list[AlarmEvent], b: list[AlarmEvent]) -> bool:
+    def key(e: AlarmEvent) -> tuple[int, str]:
+        return (e.start, e.detector)
+
+    a, b = sorted(a, key=key), sorted(b, key=key)
+    return len(a) == len(b) and all(
+        (x.detector, x.start, x.end, x.cleared_at) == (y.detector, y.start, y.end, y.cleared_at)
+        and x.peak == pytest.approx(y.peak, rel=1e-5, abs=1e-5)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.parametrize("size", [1, 7, 100, 2000])
+def test_streaming_equals_the_offline_recurrence(lab, size: int) -> None:  # type: ignore[no-untyped-def]
+    processor, values, references = lab
+    expected_residuals, expected_events = offline(processor, values, references)
+    state, residuals, events = stream(processor, values, references, size)
+    np.testing.assert_allclose(residuals, expected_residuals, rtol=0, atol=1e-5)
+    assert np.isnan(residuals[:W]).all()
+    assert same_events(events, expected_events)
+    assert {e.detector for e in events} >= {"point", "level"}
+    assert state.samples == values.size and state.recurrent is not None
+
+
+def test_json_checkpoint_continues_identically(lab) -> None:  # type: ignore[no-untyped-def]
+    processor, values, references = lab
+    state = processor.new_state()
+    processor.advance(state, values[:1234, None], references[:1234])
+    restored = processor.restore(json.loads(json.dumps(state.to_json(), allow_nan=False)))
+    a = processor.advance(state, values[1234:1300, None], references[1234:1300])
+    b = processor.advance(restored, values[1234:1300, None], references[1234:1300])
+    np.testing.assert_array_equal(a.residual, b.residual)
+    np.testing.assert_array_equal(state.recurrent.h, restored.recurrent.h)  # type: ignore[union-attr]
+
+
+def test_a_checkpoint_after_one_reading_of_a_run_survives_json(lab) -> None:  # type: ignore[no-untyped-def]
+    processor, values, _ = lab
+    state = processor.new_state()
+    processor.advance(state, values[:1, None])  # nothing stepped yet: no forecast pending
+    restored = processor.restore(json.loads(json.dumps(state.to_json(), allow_nan=False)))
+    assert restored.pending is not None and np.isnan(restored.pending).all()
+
+
+def test_process_leaves_the_given_state_alone(lab) -> None:  # type: ignore[no-untyped-def]
+    processor, values, references = lab
+    state, _ = processor.process(processor.new_state(), values[:300, None], references[:300])
+    before = json.dumps(state.to_json())
+    processor.process(state, values[300:301, None], references[300:301])
+    processor.process(state, values[300:400, None], references[300:400])
+    assert json.dumps(state.to_json()) == before
+
+
+@pytest.mark.parametrize("size", [1, 50])
+def test_a_short_gap_is_imputed_from_the_carried_state(lab, size: int) -> None:  # type: ignore[no-untyped-def]
+    processor, values, references = lab
+    gapped = values[:600].copy()
+    gapped[300:305] = np.nan
+    state = processor.new_state()
+    results = [
+        processor.advance(state, gapped[i : i + size, None], references[i : i + size])
+        for i in range(0, 600, size)
+    ]
+    imputed = np.concatenate([r.imputed for r in results])
+    monitored = np.concatenate([r.monitored for r in results])
+    forecast = np.concatenate([r.forecast for r in results])
+    assert imputed[300:305].all() and not np.isnan(forecast[300:305]).any()
+    assert not monitored[300 : 305 + W].any() and monitored[305 + W :].all()
+    assert not any(r.opened for r in results)
+
+
+def test_a_long_gap_restarts_the_recurrence(lab) -> None:  # type: ignore[no-untyped-def]
+    processor, values, _ = lab
+    gapped = values[:900].copy()
+    gapped[300:320] = np.nan
+    state = processor.new_state()
+    result = processor.advance(state, gapped[:, None])
+    assert np.isnan(result.forecast[310 : 320 + W]).all()
+    assert not np.isnan(result.forecast[320 + W :]).any()
+    # After the restart the stream is a fresh one started at 320.
+    fresh = processor.new_state()
+    expected = processor.advance(fresh, values[320:900, None])
+    np.testing.assert_allclose(result.residual[320:], expected.residual, atol=1e-6)
+
+
+@pytest.fixture(scope="module", params=["lstm-stateful", "linear-ar"])
+def many(request, lab, seed0_lab: Series) -> StreamProcessor:  # type: ignore[no-untyped-def]
+    processor, _, _ = lab
+    if request.param == "lstm-stateful":
+        return processor
+    linear = LinearAR(window=W).fit(seed0_lab.value[:, None], train_end=6000)
+    return StreamProcessor(linear, processor.monitor_config)
+
+
+def test_streams_advanced_together_equal_each_alone(many: StreamProcessor, lab) -> None:  # type: ignore[no-untyped-def]
+    """40 streams at different points of the lab record (some warming up, one with a null, one
+    after a time gap), one reading each, in one call: the same as one by one."""
+    _, values, references = lab
+    offsets = [17 * i for i in range(40)]
+    together = [many.new_state() for _ in offsets]
+    alone = [many.new_state() for _ in offsets]
+    rounds = 150
+    for k in range(rounds):
+        batches = []
+        for i, offset in enumerate(offsets):
+            value = values[offset + k : offset + k + 1, None].copy()
+            if (i, k) == (3, 120):
+                value[:] = np.nan
+            restart = np.array([(i, k) == (5, 100)])
+            batches.append((value, references[offset + k : offset + k + 1], restart))
+        joint = many.advance_many([(s, *b) for s, b in zip(together, batches, strict=True)])
+        for state, batch, result in zip(alone, batches, joint, strict=True):
+            single = many.advance(state, *batch)
+            np.testing.assert_allclose(result.residual, single.residual, atol=1e-6)
+            assert result.imputed == single.imputed and result.opened == single.opened
+    for a, b in zip(together, alone, strict=True):
+        assert a.samples == b.samples == rounds
+        np.testing.assert_allclose(a.window, b.window, atol=1e-6)  # imputed: float32 rounding
+    assert many.warmup_remaining(together[5]) == W - (rounds - 100)
