@@ -22,6 +22,7 @@ from app.api import alarms, health, models, readings, streams
 from app.api.deps import AppState
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
 from app.errors import AppError
+from app.forecasting.training import use_one_thread
 from app.metrics import Metrics
 from app.registry import ArtifactLoader, ModelRegistry, default_loader, load_models
 from app.settings import Settings
@@ -57,6 +58,7 @@ def register_models(database: Database, registry: ModelRegistry) -> None:
 
 def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> AppState:
     """Everything the lifespan does before serving; blocking, so it runs off the event loop."""
+    use_one_thread()
     settings.prepare_directories()
     if settings.migrate_on_start:
         migrations.upgrade(settings.database_url)

@@ -119,7 +119,7 @@ def put_stream(
             detector_overrides=overrides,
             now=now,
         )
-    state.engine.forget(stream_id)
+    state.engine.reconfigure(session, stream_id)
     state.metrics.track_stream(stream_id, detectors=list(processor.monitor_config.thresholds()))
     # Not kept in memory: this transaction has not committed yet.
     return _described(state, session, stream, remember=False)

@@ -130,12 +130,28 @@ def _thread_pools() -> ThreadpoolController:
     return ThreadpoolController()
 
 
+_ONE_THREAD_FOR_GOOD = False
+
+
+def use_one_thread() -> None:
+    """Put torch and BLAS on one thread for the rest of the process (the service, at start-up):
+    `single_threaded` then costs nothing, where limiting the pools per call took ~90 us, more
+    than a stateful LSTM step."""
+    global _ONE_THREAD_FOR_GOOD
+    torch.set_num_threads(1)
+    _thread_pools().limit(limits=1, user_api="blas")
+    _ONE_THREAD_FOR_GOOD = True
+
+
 @contextmanager
 def single_threaded() -> Iterator[None]:
     """Run torch and BLAS on one thread. Models this small gain nothing from a second
     thread, and with two on a busy 2-core machine LSTM training ran 10x, a one-window
     forecast 400x and a linear AR fit 70x slower (measured). A long-running process should
-    set one thread at start-up; then the torch part is a no-op."""
+    call `use_one_thread` at start-up; then this is a no-op."""
+    if _ONE_THREAD_FOR_GOOD:
+        yield
+        return
     previous = torch.get_num_threads()
     with _thread_pools().limit(limits=1, user_api="blas"):
         if previous == 1:

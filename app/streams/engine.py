@@ -25,7 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from app.errors import AppError, ArtifactError, ConflictError, DataError
-from app.metrics import Metrics
+from app.metrics import Metrics, StreamSeries
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import Monitor, MonitorConfig
 from app.registry import ModelRegistry, RegisteredModel
@@ -84,6 +84,7 @@ class LiveStream:
     state: StreamState
     last_t: datetime | None
     checkpoint_due: int  # write the next checkpoint once the stream has seen this many readings
+    series: StreamSeries | None = None  # its Prometheus series (None: not published)
 
     @property
     def detectors(self) -> list[str]:
@@ -171,6 +172,16 @@ class StreamEngine:
         with self._guard:
             self._live.pop(stream_id, None)
 
+    def reconfigure(self, session: Session, stream_id: str) -> None:
+        """Before a stream's configuration changes: checkpoint its state in `session` (so the
+        new detectors start from it, and nothing is replayed under a configuration the readings
+        were not processed with), then drop it from memory."""
+        with self.stream_lock(stream_id):
+            live = self._cached(stream_id)
+            if live is not None and live.state.samples:
+                self._save_checkpoint(session, live, force=False)
+            self.forget(stream_id)
+
     def processor_for(self, model: RegisteredModel, overrides: dict[str, Any]) -> StreamProcessor:
         return StreamProcessor(
             model.forecaster, monitor_config(model, overrides), max_gap=self.max_gap
@@ -216,7 +227,7 @@ class StreamEngine:
         self._replay(session, live)
         if not remember:
             return live
-        self.metrics.track_stream(stream.id, detectors=live.detectors)
+        live.series = self.metrics.series(stream.id, live.detectors)
         for name, detector in live.state.monitor.detectors.items():
             self.metrics.detector_threshold.labels(stream=stream.id, detector=name).set(
                 detector.threshold
@@ -643,23 +654,22 @@ class StreamEngine:
 
     def _publish(self, live: LiveStream, outcome: IngestOutcome) -> None:
         """Metrics per batch: counts, and the last value of each gauge."""
-        metrics = self.metrics
-        stream_id = live.stream_id
-        metrics.readings.labels(stream=stream_id).inc(len(outcome.accepted))
+        series = live.series
+        if series is None:
+            return
+        series.readings.inc(len(outcome.accepted))
         result = outcome.result
         if result is None:
             return
         if live.state.last_residual is not None:
-            metrics.residual.labels(stream=stream_id).set(live.state.last_residual)
+            series.set_residual(live.state.last_residual)
         for detector, statistic in live.state.last_statistics.items():
-            metrics.detector_statistic.labels(stream=stream_id, detector=detector).set(statistic)
+            series.set_statistic(detector, statistic)
         open_now = {event.detector for event in result.open_events}
-        for detector in live.detectors:
-            metrics.alarm_active.labels(stream=stream_id, detector=detector).set(
-                1.0 if detector in open_now else 0.0
-            )
+        for detector, active in series.alarm_active.items():
+            active.set(1.0 if detector in open_now else 0.0)
         for alarm in outcome.opened:
-            metrics.alarms.labels(stream=stream_id, detector=alarm.detector).inc()
+            series.alarms[alarm.detector].inc()
 
     # -- reads --
 
