@@ -270,7 +270,9 @@ class ReadingResult(BaseModel):
 class ReadingsOut(BaseModel):
     accepted: int = Field(description="New readings processed and committed.")
     duplicates: int = Field(description="Re-sent readings already accepted (not re-processed).")
-    results: list[ReadingResult] = Field(description="One per accepted reading, in order.")
+    results: list[ReadingResult] = Field(
+        description="One per accepted reading, in order (none when asked with results=false)."
+    )
     opened: list[AlarmOut]
     closed: list[AlarmOut]
 

@@ -28,7 +28,8 @@ class Settings(BaseSettings):
     )
     models_dir: Path = Field(Path("models"), description="One sub-directory per model artifact.")
     default_model: str = Field(
-        "lstm-day-seed3", description="Model of streams that name none (models/README.md)."
+        "lstm-stateful-day-seed3",
+        description="Model of streams that name none (models/README.md).",
     )
     api_token: SecretStr | None = Field(
         None, description="When set, write endpoints require `Authorization: Bearer <token>`."

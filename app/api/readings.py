@@ -37,10 +37,17 @@ def _number(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
 
-def _answer(outcome: IngestOutcome) -> ReadingsOut:
+ResultsQuery = Query(
+    True,
+    description="Answer with one result per reading (forecast, residual, statistics). A "
+    "gateway that only needs the acknowledgement and the alarms sends false.",
+)
+
+
+def _answer(outcome: IngestOutcome, with_results: bool = True) -> ReadingsOut:
     results: list[ReadingResult] = []
     result = outcome.result
-    if result is not None:
+    if result is not None and with_results:
         names = list(result.statistics)
         columns = [result.statistics[name].tolist() for name in names]
         forecast = result.forecast.tolist()
@@ -97,9 +104,7 @@ def _ingest(
                 known = {s.id for s in stream_repo.get_many(session, list(counts))}
             for stream_id, refused in counts.items():
                 if stream_id in known:
-                    state.metrics.readings_rejected.labels(stream=stream_id, reason=reason).inc(
-                        refused
-                    )
+                    state.metrics.reject(stream_id, reason, refused)
         raise
 
 
@@ -118,7 +123,9 @@ def _respond(state: AppState, answer: BaseModel, started: float) -> Response:
     dependencies=[WriteAccess],
     summary="Ingest a batch of readings",
 )
-def post_readings(stream_id: StreamIdPath, body: ReadingsIn, state: StateDep) -> Response:
+def post_readings(
+    stream_id: StreamIdPath, body: ReadingsIn, state: StateDep, results: bool = ResultsQuery
+) -> Response:
     """Process the readings in time order and commit them with the alarms they open or close.
 
     All or nothing. A re-sent reading (same time, same value) is counted in `duplicates` and not
@@ -126,7 +133,7 @@ def post_readings(stream_id: StreamIdPath, body: ReadingsIn, state: StateDep) ->
     changed value for an accepted time, is refused with 409 and changes nothing.
     """
     outcomes, started = _ingest(state, [(stream_id, body.readings)])
-    return _respond(state, _answer(outcomes[0]), started)
+    return _respond(state, _answer(outcomes[0], results), started)
 
 
 @router.post(
@@ -136,7 +143,9 @@ def post_readings(stream_id: StreamIdPath, body: ReadingsIn, state: StateDep) ->
     dependencies=[WriteAccess],
     summary="Ingest readings of many streams at once",
 )
-def post_many_readings(body: ManyReadingsIn, state: StateDep) -> Response:
+def post_many_readings(
+    body: ManyReadingsIn, state: StateDep, results: bool = ResultsQuery
+) -> Response:
     """What a gateway sends each tick: a batch for each of many streams, in one transaction
     (all or nothing, each stream with the rules of its own endpoint). Streams of one model with
     one reading each are forecast together in one batched call. A problem names the stream it
@@ -145,7 +154,7 @@ def post_many_readings(body: ManyReadingsIn, state: StateDep) -> Response:
     outcomes, started = _ingest(state, [(item.stream, item.readings) for item in body.streams])
     answer = ManyReadingsOut(
         streams=[
-            StreamReadingsOut.model_construct(stream=item.stream, **dict(_answer(outcome)))
+            StreamReadingsOut.model_construct(stream=item.stream, **dict(_answer(outcome, results)))
             for item, outcome in zip(body.streams, outcomes, strict=True)
         ]
     )

@@ -227,11 +227,10 @@ class StreamEngine:
         self._replay(session, live)
         if not remember:
             return live
-        live.series = self.metrics.series(stream.id, live.detectors)
-        for name, detector in live.state.monitor.detectors.items():
-            self.metrics.detector_threshold.labels(stream=stream.id, detector=name).set(
-                detector.threshold
-            )
+        live.series = self.metrics.track_stream(stream.id, live.detectors)
+        live.series.thresholds = {
+            name: detector.threshold for name, detector in live.state.monitor.detectors.items()
+        }
         with self._guard:
             self._live[stream.id] = live
         return live
@@ -351,8 +350,9 @@ class StreamEngine:
             try:
                 with self.database.session() as session:
                     lives = self._lives(session, ids)
+                    latest = datetime.now(UTC) + self.max_future
                     prepared = [
-                        self._prepare(session, live, readings, many=len(batches) > 1)
+                        self._prepare(session, live, readings, latest, many=len(batches) > 1)
                         for live, (_, readings) in zip(lives, batches, strict=True)
                     ]
                     # From here the live states move on in place; on any failure they are
@@ -379,22 +379,27 @@ class StreamEngine:
     def _lives(self, session: Session, ids: list[str]) -> list[LiveStream]:
         """The streams' live states. PostgreSQL: their rows locked, which also keeps out another
         process; SQLite has no row locks, the stream locks are the lock there."""
+        if self.database.dialect == "postgresql":
+            stream_repo.lock_many(session, ids)
         cached = [self._cached(stream_id) for stream_id in ids]
-        if self.database.dialect != "postgresql" and all(cached):
-            return [live for live in cached if live is not None]
-        rows = stream_repo.require_many(
-            session, ids, for_update=self.database.dialect == "postgresql"
-        )
+        missing = [stream_id for stream_id, live in zip(ids, cached, strict=True) if live is None]
+        rows = {row.id: row for row in stream_repo.require_many(session, missing)}
         return [
-            live if live is not None else self.live(session, row)
-            for live, row in zip(cached, rows, strict=True)
+            live if live is not None else self.live(session, rows[stream_id])
+            for stream_id, live in zip(ids, cached, strict=True)
         ]
 
     def _prepare(
-        self, session: Session, live: LiveStream, readings: Sequence[ReadingIn], *, many: bool
+        self,
+        session: Session,
+        live: LiveStream,
+        readings: Sequence[ReadingIn],
+        latest: datetime,
+        *,
+        many: bool,
     ) -> _Batch:
         try:
-            return self._validate(session, live, readings)
+            return self._validate(session, live, readings, latest)
         except AppError as exc:
             if many:  # say which stream of the request it was
                 exc.detail = f"stream {live.stream_id!r}: {exc.detail}"
@@ -402,7 +407,7 @@ class StreamEngine:
             raise
 
     def _validate(
-        self, session: Session, live: LiveStream, readings: Sequence[ReadingIn]
+        self, session: Session, live: LiveStream, readings: Sequence[ReadingIn], latest: datetime
     ) -> _Batch:
         times = [reading.t for reading in readings]
         for index in range(1, len(times)):
@@ -412,7 +417,7 @@ class StreamEngine:
                     f"readings[{index - 1}].t: send readings in increasing time order",
                     reason="invalid",
                 )
-        if times and times[-1] > datetime.now(UTC) + self.max_future:
+        if times and times[-1] > latest:
             raise DataError(
                 f"readings[{len(times) - 1}].t ({times[-1].isoformat()}) is more than "
                 f"{self.max_future.total_seconds():g} s ahead of the server clock: "
@@ -426,7 +431,6 @@ class StreamEngine:
         if resent:
             self._check_resent(session, live, readings[:resent], values[:resent])
         fresh = list(readings[resent:])
-        live.processor.check(values[resent:], None if references is None else references[resent:])
         return _Batch(
             live=live,
             fresh=fresh,
@@ -657,19 +661,17 @@ class StreamEngine:
         series = live.series
         if series is None:
             return
-        series.readings.inc(len(outcome.accepted))
+        series.readings += len(outcome.accepted)
         result = outcome.result
         if result is None:
             return
-        if live.state.last_residual is not None:
-            series.set_residual(live.state.last_residual)
-        for detector, statistic in live.state.last_statistics.items():
-            series.set_statistic(detector, statistic)
+        series.residual = live.state.last_residual
+        series.statistics.update(live.state.last_statistics)
         open_now = {event.detector for event in result.open_events}
-        for detector, active in series.alarm_active.items():
-            active.set(1.0 if detector in open_now else 0.0)
+        for detector in series.active:
+            series.active[detector] = detector in open_now
         for alarm in outcome.opened:
-            series.alarms[alarm.detector].inc()
+            series.alarms[alarm.detector] = series.alarms.get(alarm.detector, 0.0) + 1
 
     # -- reads --
 

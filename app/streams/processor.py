@@ -253,10 +253,6 @@ class StreamProcessor:
                 results[index] = self._finish(plan)
         return [result for result in results if result is not None]
 
-    def check(self, values: np.ndarray, references: np.ndarray | None = None) -> None:
-        """Raise DataError if `advance` would refuse these readings."""
-        self._check(self.new_state(), values, references, None)
-
     def _check(
         self,
         state: StreamState,
@@ -264,6 +260,14 @@ class StreamProcessor:
         references: np.ndarray | None,
         restart: np.ndarray | None,
     ) -> tuple[StreamState, np.ndarray, np.ndarray | None, np.ndarray]:
+        values, references = self._validated(values, references)
+        count = values.shape[0]
+        restart = np.zeros(count, dtype=bool) if restart is None else np.asarray(restart, bool)
+        return state, values, references, restart
+
+    def _validated(
+        self, values: np.ndarray, references: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         values = np.asarray(values, dtype=np.float64)
         if values.ndim == 1:
             values = values[:, None]
@@ -280,8 +284,7 @@ class StreamProcessor:
                 raise DataError(f"{references.shape[0]} references for {count} readings")
             if np.isinf(references).any():
                 raise DataError("references must be finite numbers or null")
-        restart = np.zeros(count, dtype=bool) if restart is None else np.asarray(restart, bool)
-        return state, values, references, restart
+        return values, references
 
     # -- one reading: bookkeeping, one (shared) forecaster call, monitor --
 
@@ -339,7 +342,9 @@ class StreamProcessor:
             current = np.stack([plan.value if plan.row is None else plan.row for plan in stepping])
             forecasts, after = self.stateful.step(before, previous, current)
             for row, plan in enumerate(stepping):
-                plan.step_output = (forecasts[row], after.select([row]))
+                # Views into the batch's arrays, not copies: a state is never written in place.
+                own = LSTMState(h=after.h[:, row : row + 1], c=after.c[:, row : row + 1])
+                plan.step_output = (forecasts[row], own)
 
     def _finish(self, plan: _Plan) -> BatchResult:
         state = plan.state

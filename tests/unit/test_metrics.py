@@ -32,10 +32,10 @@ def parsed(metrics: Metrics) -> dict[str, dict[tuple[tuple[str, str], ...], floa
 
 def test_names_follow_prometheus_conventions() -> None:
     metrics = Metrics()
-    metrics.track_stream("s", detectors=["point"])
-    metrics.residual.labels(stream="s").set(0.1)
-    metrics.detector_statistic.labels(stream="s", detector="point").set(0.2)
-    metrics.detector_threshold.labels(stream="s", detector="point").set(0.5)
+    series = metrics.track_stream("s", detectors=["point"])
+    series.residual = 0.1
+    series.statistics["point"] = 0.2
+    series.thresholds["point"] = 0.5
     metrics.ingest_duration.observe(0.004)
     names = set(parsed(metrics))
     assert {
@@ -54,16 +54,22 @@ def test_names_follow_prometheus_conventions() -> None:
 
 def test_track_then_forget_a_stream() -> None:
     metrics = Metrics()
-    metrics.track_stream("pump-1", detectors=["point", "cusum"])
+    series = metrics.track_stream("pump-1", detectors=["point", "cusum"])
     metrics.track_stream("pump-2", detectors=["point"])
-    metrics.readings.labels(stream="pump-1").inc(7)
-    metrics.alarms.labels(stream="pump-1", detector="point").inc()
-    metrics.residual.labels(stream="pump-1").set(0.3)
+    series.readings += 7
+    series.alarms["point"] += 1
+    series.residual = 0.3
+    metrics.reject("pump-1", "conflict", 3)
 
     before = parsed(metrics)
     assert before["twinwatch_readings_total"][(("stream", "pump-1"),)] == 7
     assert before["twinwatch_alarms_total"][(("detector", "cusum"), ("stream", "pump-1"))] == 0
+    assert before["twinwatch_alarms_total"][(("detector", "point"), ("stream", "pump-1"))] == 1
     assert len(before["twinwatch_readings_rejected_total"]) == 2 * len(REJECT_REASONS)
+    rejected = before["twinwatch_readings_rejected_total"]
+    assert rejected[(("reason", "conflict"), ("stream", "pump-1"))] == 3
+    assert before["twinwatch_alarm_active"][(("detector", "cusum"), ("stream", "pump-1"))] == 0
+    assert (("stream", "pump-2"),) not in before.get("twinwatch_residual", {})  # no value yet
 
     metrics.track_stream("pump-1", detectors=["point", "cusum"])  # idempotent: keeps counts
     assert parsed(metrics)["twinwatch_readings_total"][(("stream", "pump-1"),)] == 7
@@ -78,7 +84,7 @@ def test_track_then_forget_a_stream() -> None:
 
 def test_apps_do_not_share_registries() -> None:
     first, second = Metrics(), Metrics()
-    first.readings.labels(stream="a").inc()
+    first.track_stream("a", detectors=["point"]).readings += 1
     assert "twinwatch_readings_total" not in parsed(second)
 
 

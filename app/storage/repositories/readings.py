@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 from sqlalchemy import CursorResult, func, select, text
-from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 
 from app.storage.models import Reading
@@ -50,24 +49,37 @@ def insert_many(session: Session, readings: Sequence[NewReading]) -> int:
         return _insert_unnest(session, readings)
     if dialect != "sqlite":
         raise NotImplementedError(f"readings.insert_many does not support {dialect}")
+    # The DB-API's executemany on ready-made tuples: SQLAlchemy's per-row parameter processing
+    # cost 14 of the 16 ms of 1,000 rows.
+    to_sql_time = sqlite_time
     rows = [
-        {
-            "stream_id": reading.stream_id,
-            "sample": reading.sample,
-            "batch": reading.batch,
-            "t": reading.t,
-            "value": reading.value,
-            "values": reading.values,
-            "reference": reading.reference,
-        }
+        (
+            reading.stream_id,
+            reading.sample,
+            reading.batch,
+            to_sql_time(reading.t),
+            reading.value,
+            None if reading.values is None else json.dumps(reading.values, allow_nan=False),
+            reading.reference,
+        )
         for reading in readings
     ]
-    table = Reading.metadata.tables[Reading.__tablename__]
-    # A plain executemany: the driver's rowcount counts the rows inserted, which is all the
-    # caller needs (RETURNING would turn the batch into row-by-row fetching).
-    result = session.execute(sqlite.insert(table).on_conflict_do_nothing(), rows)
-    assert isinstance(result, CursorResult)
+    # rowcount counts the rows inserted, which is all the caller needs.
+    result = session.connection().exec_driver_sql(_SQLITE_INSERT, rows)
     return int(result.rowcount)
+
+
+_SQLITE_INSERT = (
+    f"INSERT INTO {Reading.__tablename__} "
+    '(stream_id, sample, batch, t, value, "values", reference) '
+    "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING"
+)
+
+
+def sqlite_time(t: datetime) -> str:
+    """A time as SQLAlchemy stores a `UTCDateTime` in SQLite (naive UTC, microseconds), in a
+    quarter of the time its bind processors take (a test pins that the two agree)."""
+    return t.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
 
 
 _UNNEST_INSERT = text(

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import select, text
+from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.orm import Session
 
 from app.storage.db import Database
@@ -128,3 +129,19 @@ def test_naive_times_are_refused(stream_db: Database) -> None:
     naive = NewReading(stream_id="pump-1", sample=0, t=at(0).t.replace(tzinfo=None), value=1.0)
     with pytest.raises(ValueError, match="naive datetime"), stream_db.session() as session:
         reading_repo.insert_many(session, [naive])
+
+
+def test_readings_times_are_stored_as_the_orm_stores_them() -> None:
+    """The SQLite insert formats times itself: exactly as the column type's bind processor."""
+    dialect = sqlite_dialect.dialect()
+    column_type = Reading.__table__.c.t.type.dialect_impl(dialect)
+    processor = column_type.bind_processor(dialect)
+    assert processor is not None
+    paris = timezone(timedelta(hours=1))
+    for t in (
+        T0,
+        T0 + timedelta(microseconds=1),
+        datetime(2026, 11, 30, 23, 59, 59, 999999, tzinfo=UTC),
+        datetime(2027, 1, 1, 0, 30, tzinfo=paris),
+    ):
+        assert reading_repo.sqlite_time(t) == processor(t)
