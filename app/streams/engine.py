@@ -158,6 +158,7 @@ class StreamEngine:
         self._live: dict[str, LiveStream] = {}
         self._guard = threading.Lock()
         self._stream_locks: dict[str, threading.Lock] = {}
+        self._processors: dict[tuple[str, str, str], StreamProcessor] = {}
 
     # -- life cycle of a stream's live state --
 
@@ -183,9 +184,18 @@ class StreamEngine:
             self.forget(stream_id)
 
     def processor_for(self, model: RegisteredModel, overrides: dict[str, Any]) -> StreamProcessor:
-        return StreamProcessor(
-            model.forecaster, monitor_config(model, overrides), max_gap=self.max_gap
-        )
+        """One processor (and monitor configuration) per model and detector overrides, shared
+        by every stream configured alike."""
+        key = (model.name, model.version, json.dumps(overrides, sort_keys=True))
+        with self._guard:
+            processor = self._processors.get(key)
+        if processor is None:
+            processor = StreamProcessor(
+                model.forecaster, monitor_config(model, overrides), max_gap=self.max_gap
+            )
+            with self._guard:
+                processor = self._processors.setdefault(key, processor)
+        return processor
 
     def _cached(self, stream_id: str) -> LiveStream | None:
         with self._guard:
