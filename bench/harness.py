@@ -8,6 +8,8 @@ per request than the few dozen lines below.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -25,12 +27,19 @@ import numpy as np
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
+from app.forecasting.artifacts import save_model
+from app.forecasting.stateful_lstm import STATEFUL_TRAINING, StatefulLSTMForecaster
 from app.monitoring.workflow import calibrate
+from app.series import read_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = "lstm-seed0"
 LAB_DATA = ROOT / "tests" / "data" / "twin_seed0_lab_faults.csv"
 LAB_HOLDOUT = "6000:7000"
+TRAIN_DATA = ROOT / "tests" / "data" / "twin_seed0.csv"
+TRAIN_END = 6000
+SHIPPED_STATEFUL = "lstm-stateful-day-seed3"  # used when another engineer has shipped it
+BENCH_STATEFUL = "lstm-stateful-bench"  # else trained here for a few epochs
 DEFAULT_POSTGRES = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -42,6 +51,77 @@ def calibrated_models(directory: Path) -> Path:
     shutil.copytree(ROOT / "models" / DEFAULT_MODEL, copy)
     calibrate(copy, LAB_DATA, LAB_HOLDOUT)
     return models
+
+
+def fit_stateful(epochs: int = 2) -> StatefulLSTMForecaster:
+    """A stateful LSTM fitted for a few epochs on the twin's first 6,000 samples: throughput
+    and memory do not depend on how well it forecasts, only on its architecture."""
+    matrix = read_csv(TRAIN_DATA).matrix(["value"])
+    training = dataclasses.replace(STATEFUL_TRAINING, epochs=epochs, patience=None)
+    return StatefulLSTMForecaster(training=training).fit(matrix, train_end=TRAIN_END)
+
+
+def stateful_model(models: Path, *, epochs: int = 2) -> tuple[str, str]:
+    """Put a calibrated `lstm-stateful` model into `models`; returns (name, provenance).
+
+    models/lstm-stateful-day-seed3 when it exists (copied; calibrated on the lab hold-out only if
+    its manifest has no thresholds), else a model fitted here for `epochs` epochs (seconds) and
+    calibrated on the lab hold-out, like `calibrated_models` does for the window LSTM.
+    """
+    models.mkdir(parents=True, exist_ok=True)
+    shipped = ROOT / "models" / SHIPPED_STATEFUL
+    if (shipped / "manifest.json").is_file():
+        target = models / SHIPPED_STATEFUL
+        if not target.exists():
+            shutil.copytree(shipped, target)
+            if "thresholds" not in json.loads((target / "manifest.json").read_text()):
+                calibrate(target, LAB_DATA, LAB_HOLDOUT)
+        return SHIPPED_STATEFUL, f"models/{SHIPPED_STATEFUL}"
+    target = models / BENCH_STATEFUL
+    if not target.exists():
+        series = read_csv(TRAIN_DATA)
+        extra = {
+            "channels": ["value"],
+            "training": {
+                "data": str(TRAIN_DATA),
+                "data_sha256": series.sha256(),
+                "train_end": TRAIN_END,
+            },
+        }
+        save_model(fit_stateful(epochs), target, extra=extra)
+        calibrate(target, LAB_DATA, LAB_HOLDOUT)
+    return BENCH_STATEFUL, f"fitted here: {epochs} epochs on {TRAIN_DATA.name}[:{TRAIN_END}]"
+
+
+def machine_info() -> dict[str, object]:
+    """What the figures were measured on (no git: the benchmarks must not touch the repository)."""
+    import platform
+
+    import torch
+
+    model = ""
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    memory = Path("/proc/meminfo").read_text().split("\n", 1)[0].split()[1]
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "memory_gib": round(int(memory) / 2**20, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "loadavg": Path("/proc/loadavg").read_text().split()[:3],
+    }
+
+
+def vm_rss_mb(pid: int) -> float:
+    """Resident memory of a process (VmRSS), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 @contextmanager
@@ -132,13 +212,14 @@ def twinwatch_server(
     work: Path,
     log_level: str,
     tweaks: Sequence[str] = (),
+    default_model: str = DEFAULT_MODEL,
 ) -> Server:
     """`twinwatch serve`; with `tweaks`, through bench/serve_tweaked.py."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWINWATCH_")}
     env |= {
         "TWINWATCH_DATABASE_URL": database_url,
         "TWINWATCH_MODELS_DIR": str(models_dir),
-        "TWINWATCH_DEFAULT_MODEL": "lstm-seed0",
+        "TWINWATCH_DEFAULT_MODEL": default_model,
         "TWINWATCH_DATA_DIR": str(work / f"{name}-data"),
         "TWINWATCH_MIGRATE_ON_START": "true",
         "TWINWATCH_LOG_LEVEL": log_level,
@@ -150,10 +231,30 @@ def twinwatch_server(
     return Server(name, command, env, work / f"{name}.log")
 
 
-def parse_only_server(name: str, *, work: Path, log_level: str) -> Server:
+def parse_only_server(
+    name: str,
+    *,
+    work: Path,
+    log_level: str,
+    models_dir: Path | None = None,
+    default_model: str = DEFAULT_MODEL,
+    bare: bool = False,
+) -> Server:
+    """bench/parse_only.py: the real app (its own SQLite file, `models_dir` loaded as the
+    service would) plus the parse-only routes; `bare` for the old stand-alone FastAPI app."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWINWATCH_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env |= {
+        "TWINWATCH_DATABASE_URL": f"sqlite:///{(work / f'{name}.db').as_posix()}",
+        "TWINWATCH_MODELS_DIR": str(models_dir or work / f"{name}-no-models"),
+        "TWINWATCH_DEFAULT_MODEL": default_model,
+        "TWINWATCH_DATA_DIR": str(work / f"{name}-data"),
+        "TWINWATCH_MIGRATE_ON_START": "true",
+        "TWINWATCH_LOG_LEVEL": log_level,
+    }
     command = [sys.executable, str(ROOT / "bench" / "parse_only.py"), "--log-level", log_level]
+    if bare:
+        command.append("--bare")
     return Server(name, command, env, work / f"{name}.log")
 
 

@@ -3,8 +3,10 @@
 Against real server processes (uvicorn, one worker) over loopback, with the real default LSTM
 (a copy calibrated on the lab hold-out), on SQLite (a file, WAL, synchronous=FULL) and
 PostgreSQL (a fresh schema on a local server; synchronous_commit as the server has it), plus a
-parse-only ceiling (the same payloads to an endpoint that only validates them; see
-bench/parse_only.py). Every 2xx of the service means the batch is committed.
+parse-only ceiling (the same payloads to an endpoint of the same FastAPI app that only
+validates them; see bench/parse_only.py). Every 2xx of the service means the batch is committed.
+`--model-kind lstm-stateful` gives every stream a calibrated stateful LSTM instead (warmed up
+with its window of 256 + 4 readings); the report says which kind ran.
 
 Workloads: one stream with batches of 1, 100 and 1,000 (one request at a time, as one stream's
 readings must arrive in order), and 100 streams posting concurrently (one connection each) with
@@ -16,6 +18,7 @@ shows the best and the median (the machine is shared: ratios within a session ar
     python bench/ingest.py --quick                  # a smoke run (1-2 minutes)
     python bench/ingest.py --database sqlite --json out.json
     python bench/ingest.py --quick --profile prof/  # + py-spy profiles: time per stage
+    python bench/ingest.py --model-kind lstm-stateful
 
 PostgreSQL URL: --postgres-url, else $TWINWATCH_BENCH_DATABASE_URL, else
 $TWINWATCH_TEST_DATABASE_URL, else postgresql+psycopg://postgres@127.0.0.1:5432/test.
@@ -42,6 +45,7 @@ from typing import Any
 
 import numpy as np
 from harness import (
+    DEFAULT_MODEL,
     DEFAULT_POSTGRES,
     ROOT,
     Connection,
@@ -50,6 +54,7 @@ from harness import (
     parse_only_server,
     postgres_schema,
     readings_body,
+    stateful_model,
     twinwatch_server,
 )
 from stacks import summarise_profile
@@ -57,8 +62,12 @@ from stacks import summarise_profile
 from app.simulation.twin import DuffingMachine, simulate_series
 
 WARMUP_READINGS = 100  # more than the model's window of 64: every timed reading is forecast
+STATEFUL_WARMUP_EXTRA = 4  # a stateful model's window (256) + 4: every timed reading forecast
 READINGS_PATH = "/v1/streams/{stream}/readings"
+PARSE_ONLY_PATH = "/v1/parse-only/{stream}/readings"  # the ceiling, inside the real app
 ECHO_PATH = "/v1/echo/{stream}/readings"  # the parse+answer ceiling
+MODEL_KINDS = ("lstm", "lstm-stateful")
+CEILING_WARMUP = 20  # untimed requests per stream before a ceiling workload
 PROFILE_RUN = 999  # the "repeat" number of profiled runs (fresh stream names)
 
 
@@ -89,6 +98,7 @@ class Target:
     server: Server
     path: str  # with {stream}
     stateful: bool  # streams must be created and warmed up
+    warmup: int = WARMUP_READINGS  # readings sent to each stream before the clock starts
 
     def url(self, stream: str) -> str:
         return self.path.format(stream=stream)
@@ -143,7 +153,7 @@ async def prepare_streams(target: Target, names: list[str], values: np.ndarray) 
             if status != 201:
                 raise RuntimeError(f"PUT {name}: {status} {body[:300]!r}")
             status, body = await connection.request(
-                "POST", target.url(name), readings_body(values[:WARMUP_READINGS], 0)
+                "POST", target.url(name), readings_body(values[: target.warmup], 0)
             )
             if status != 200:
                 raise RuntimeError(f"warm-up of {name}: {status} {body[:300]!r}")
@@ -175,15 +185,23 @@ async def run_workload(
     names = [f"{workload.key}-r{repeat}-{i}" for i in range(workload.streams)]
     if target.stateful:
         await prepare_streams(target, names, values)
+    warm = target.warmup
     bodies = [
         readings_body(
-            values[
-                WARMUP_READINGS + k * workload.batch : WARMUP_READINGS + (k + 1) * workload.batch
-            ],
-            WARMUP_READINGS + k * workload.batch,
+            values[warm + k * workload.batch : warm + (k + 1) * workload.batch],
+            warm + k * workload.batch,
         )
         for k in range(requests)
     ]
+    if not target.stateful:  # the ceiling: untimed requests first (thread pool, first use)
+        for name in names:
+            await post_all(
+                target.server.port,
+                target.url(name),
+                bodies[:1] * CEILING_WARMUP,
+                workload.batch,
+                [],
+            )
     latencies: list[float] = []
     server_cpu = target.server.cpu_seconds()
     client_cpu = time.process_time()
@@ -306,6 +324,7 @@ class Options:
     ceiling: bool
     profile: Path | None
     json: Path | None
+    model_kind: str = "lstm"
 
     def requests(self, workload: Workload) -> int:
         return workload.quick_requests if self.quick else workload.requests
@@ -324,6 +343,13 @@ def parse_options() -> Options:
     parser.add_argument("--json", type=Path, default=None, help="Write every figure here.")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy profiles here.")
     parser.add_argument("--no-ceiling", action="store_true", help="Skip the parse-only target.")
+    parser.add_argument(
+        "--model-kind",
+        choices=MODEL_KINDS,
+        default="lstm",
+        help="Every stream's model: the window LSTM (the service default's kind) or a "
+        "stateful LSTM.",
+    )
     parser.add_argument(
         "--tweaks",
         default="",
@@ -349,11 +375,41 @@ def parse_options() -> Options:
         ceiling=not args.no_ceiling,
         profile=args.profile,
         json=args.json,
+        model_kind=args.model_kind,
     )
 
 
-def build_targets(options: Options, stack: ExitStack, work: Path, models: Path) -> list[Target]:
+@dataclass(frozen=True)
+class ModelChoice:
+    """The model every stream of the service gets, and how far to warm a stream up."""
+
+    kind: str
+    name: str
+    provenance: str
+    warmup: int
+
+
+def choose_model(options: Options, work: Path) -> tuple[Path, ModelChoice]:
+    """A models directory with the calibrated window LSTM (and the stateful one if asked)."""
+    models = calibrated_models(work)
+    if options.model_kind == "lstm-stateful":
+        name, provenance = stateful_model(models)
+        window = int(json.loads((models / name / "manifest.json").read_text())["window"])
+        choice = ModelChoice("lstm-stateful", name, provenance, window + STATEFUL_WARMUP_EXTRA)
+    else:
+        choice = ModelChoice("lstm", DEFAULT_MODEL, f"models/{DEFAULT_MODEL}", WARMUP_READINGS)
+    return models, choice
+
+
+def build_targets(
+    options: Options,
+    stack: ExitStack,
+    work: Path,
+    models: Path,
+    model: ModelChoice | None = None,
+) -> list[Target]:
     """A server per database (and per tweaked variant) plus the ceiling; not started yet."""
+    model = model or ModelChoice("lstm", DEFAULT_MODEL, "", WARMUP_READINGS)
     targets: list[Target] = []
     variants = [("", ())] + ([("+tweaks", options.tweaks)] if options.tweaks else [])
     for database in options.databases:
@@ -370,12 +426,19 @@ def build_targets(options: Options, stack: ExitStack, work: Path, models: Path) 
                 work=work,
                 log_level=options.log_level,
                 tweaks=tweaks,
+                default_model=model.name,
             )
-            targets.append(Target(name, server, READINGS_PATH, stateful=True))
+            targets.append(Target(name, server, READINGS_PATH, True, model.warmup))
     if options.ceiling:
-        ceiling = parse_only_server("ceiling", work=work, log_level=options.log_level)
-        targets.append(Target("parse-only", ceiling, READINGS_PATH, stateful=False))
-        targets.append(Target("parse+answer", ceiling, ECHO_PATH, stateful=False))
+        ceiling = parse_only_server(
+            "ceiling",
+            work=work,
+            log_level=options.log_level,
+            models_dir=models,
+            default_model=model.name,
+        )
+        targets.append(Target("parse-only", ceiling, PARSE_ONLY_PATH, False, model.warmup))
+        targets.append(Target("parse+answer", ceiling, ECHO_PATH, False, model.warmup))
     return targets
 
 
@@ -424,16 +487,16 @@ def profile_all(options: Options, targets: list[Target], session: Session, out: 
                 print(f"  {stage:42} {us:9.1f} us")
 
 
-def main() -> None:
-    options = parse_options()
+def run(options: Options, info: dict[str, Any]) -> dict[str, Any]:
+    """Measure every (workload, target), print the table; returns the report (as --json)."""
     most = max(w.batch * options.requests(w) for w in options.workloads)
-    session = Session(values=series_values(WARMUP_READINGS + most))
-    info = machine()
     with tempfile.TemporaryDirectory(prefix="twinwatch-bench-") as scratch:
         work = Path(scratch)
-        models = calibrated_models(work)
+        models, model = choose_model(options, work)
+        session = Session(values=series_values(model.warmup + most))
+        print(f"ingest: every stream's model is {model.name} ({model.kind}; {model.provenance})")
         with ExitStack() as stack:
-            targets = build_targets(options, stack, work, models)
+            targets = build_targets(options, stack, work, models, model)
             start(targets, stack)
             measure_all(options, targets, session)
             if options.profile is not None:
@@ -442,20 +505,26 @@ def main() -> None:
     rows = summarise(session.measurements)
     print_table(rows)
     info["loadavg_after"] = Path("/proc/loadavg").read_text().split()[:3]
+    return {
+        "command": " ".join(sys.argv),
+        "machine": info,
+        "quick": options.quick,
+        "repeats": options.repeats,
+        "model": asdict(model),
+        "summary": rows,
+        "measurements": [
+            asdict(m) | {"readings_per_s": m.readings_per_s, "requests_per_s": m.requests_per_s}
+            for m in session.measurements
+        ],
+        "profiles": session.profiles,
+    }
+
+
+def main() -> None:
+    options = parse_options()
+    report = run(options, machine())
     if options.json is not None:
         options.json.parent.mkdir(parents=True, exist_ok=True)
-        report = {
-            "command": " ".join(sys.argv),
-            "machine": info,
-            "quick": options.quick,
-            "repeats": options.repeats,
-            "summary": rows,
-            "measurements": [
-                asdict(m) | {"readings_per_s": m.readings_per_s, "requests_per_s": m.requests_per_s}
-                for m in session.measurements
-            ],
-            "profiles": session.profiles,
-        }
         options.json.write_text(json.dumps(report, indent=1) + "\n")
         print(f"\nwrote {options.json}")
 

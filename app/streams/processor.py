@@ -369,7 +369,7 @@ class StreamProcessor:
                 else:
                     state.pending, state.recurrent = plan.step_output
             state.window = np.concatenate([state.window[-(W - 1) :], row[None]])
-            state.imputed = np.append(state.imputed[-(W - 1) :], plan.imputed)
+            state.imputed = np.concatenate((state.imputed[-(W - 1) :], (plan.imputed,)))
         if not math.isnan(forecast):
             state.last_forecast = forecast
         if not math.isnan(residual):
