@@ -324,7 +324,7 @@ class Options:
     ceiling: bool
     profile: Path | None
     json: Path | None
-    model_kind: str = "lstm"
+    model_kind: str = "lstm-stateful"
 
     def requests(self, workload: Workload) -> int:
         return workload.quick_requests if self.quick else workload.requests
@@ -346,9 +346,9 @@ def parse_options() -> Options:
     parser.add_argument(
         "--model-kind",
         choices=MODEL_KINDS,
-        default="lstm",
-        help="Every stream's model: the window LSTM (the service default's kind) or a "
-        "stateful LSTM.",
+        default="lstm-stateful",
+        help="Every stream's model: a stateful LSTM (the service default's kind) or the "
+        "window LSTM.",
     )
     parser.add_argument(
         "--tweaks",

@@ -245,7 +245,12 @@ def main() -> None:
     parser.add_argument(
         "--streams-results", action="store_true", help="streams: ask for per-reading results."
     )
-    parser.add_argument("--model-kind", choices=ingest.MODEL_KINDS, default="lstm")
+    parser.add_argument(
+        "--model-kind",
+        choices=ingest.MODEL_KINDS,
+        default="lstm-stateful",
+        help="ingest: every stream's model (the service default is a stateful LSTM).",
+    )
     parser.add_argument(
         "--postgres-url",
         default=os.environ.get("TWINWATCH_BENCH_DATABASE_URL")

@@ -158,3 +158,20 @@ def test_malformed_bodies_are_422_problems(client: TestClient) -> None:
         response = client.post("/v1/readings", json=body)
         assert response.status_code == 422, body
         assert response.headers["content-type"] == PROBLEM
+
+
+def test_results_false_answers_with_the_acknowledgement_only(
+    client: TestClient, series: Series
+) -> None:
+    items = [(s, [reading(series, START + i) for i in range(3)]) for s in STREAMS]
+    body = {"streams": [{"stream": s, "readings": r} for s, r in items]}
+    answer = client.post("/v1/readings?results=false", json=body).json()["streams"]
+    assert [(a["stream"], a["accepted"], a["results"]) for a in answer] == [
+        (s, 3, []) for s in STREAMS
+    ]
+    single = client.post(
+        "/v1/streams/pump-a/readings?results=false",
+        json={"readings": [reading(series, START + 3)]},
+    ).json()
+    assert (single["accepted"], single["results"]) == (1, [])
+    assert samples_seen(client, "pump-a") == 4
