@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections import deque
+from array import array
 from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar, Literal, TypeGuard, TypeVar
 
@@ -185,7 +185,9 @@ class _RollingDetector(Detector):
         self.window = self.default_window if window is None else int(window)
         if self.window < 2:
             raise ValueError(f"{self.kind}: the window must hold at least 2 samples")
-        self._buffer: deque[float] = deque(maxlen=self.window)
+        # The last `window` inputs, oldest first, as C doubles: 8 bytes each where a deque of
+        # Python floats costs 32 (and a live service holds one per detector and stream).
+        self._buffer = array("d")
 
     @staticmethod
     @abstractmethod
@@ -193,13 +195,15 @@ class _RollingDetector(Detector):
 
     def update(self, value: float) -> float | None:
         self._buffer.append(value)
+        if len(self._buffer) > self.window:
+            del self._buffer[0]
         if len(self._buffer) < self.window:
             return None
         return self.formula(list(self._buffer))
 
     def batch(self, values: FloatArray) -> FloatArray:
         history = len(self._buffer)
-        extended = np.concatenate([np.asarray(self._buffer, dtype=np.float64), values])
+        extended = np.concatenate([np.frombuffer(self._buffer, dtype=np.float64), values])
         out = np.full(values.shape[0], np.nan)
         # Row i of the view is the window ending at extended[first + i + W - 1], i.e. at
         # values[first + i + W - 1 - history]; windows ending inside the old buffer were
@@ -208,7 +212,7 @@ class _RollingDetector(Detector):
         if values.shape[0] and extended.shape[0] - first >= self.window:
             view = np.lib.stride_tricks.sliding_window_view(extended[first:], self.window)
             out[first + self.window - 1 - history :] = self.formula(_columns(view))
-        self._buffer.extend(extended[-self.window :].tolist())
+        self._buffer = array("d", extended[-self.window :].tolist())
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -220,7 +224,7 @@ class _RollingDetector(Detector):
             raise DataError(f"{self.kind}: state must be {{'buffer': [...]}}")
         if len(buffer) > self.window or not all(_is_finite_number(x) for x in buffer):
             raise DataError(f"{self.kind}: the buffer must hold at most {self.window} numbers")
-        self._buffer = deque((float(x) for x in buffer), maxlen=self.window)
+        self._buffer = array("d", (float(x) for x in buffer))
 
 
 class RollingRMSDetector(_RollingDetector):
