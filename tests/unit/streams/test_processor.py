@@ -7,12 +7,12 @@ import pytest
 
 from app.errors import DataError
 from app.forecasting.linear_ar import LinearAR
-from app.monitoring.alarms import AlarmEvent
 from app.monitoring.calibration import HoldOut, calibrate_margins
 from app.monitoring.monitor import Monitor, MonitorConfig
 from app.monitoring.residuals import one_step_residuals
 from app.series import Series
 from app.streams.processor import StreamProcessor, StreamState
+from tests.support.events import same_events
 
 W = 64
 
@@ -49,21 +49,6 @@ def stream(processor: StreamProcessor, values: np.ndarray, references: np.ndarra
         events.extend(result.closed)
     events.extend(state.monitor.open_events())
     return state, np.concatenate(residuals), events
-
-
-def same_events(a: list[AlarmEvent], b: list[AlarmEvent]) -> bool:
-    """Same detectors, samples and thresholds; peaks within float noise of the forecasts."""
-
-    def key(e: AlarmEvent) -> tuple[int, str]:
-        return (e.start, e.detector)
-
-    a, b = sorted(a, key=key), sorted(b, key=key)
-    return len(a) == len(b) and all(
-        (x.detector, x.start, x.end, x.cleared_at, x.threshold)
-        == (y.detector, y.start, y.end, y.cleared_at, y.threshold)
-        and x.peak == pytest.approx(y.peak, rel=1e-9)
-        for x, y in zip(a, b, strict=True)
-    )
 
 
 @pytest.mark.parametrize("size", [1, 7, 100, 2000])

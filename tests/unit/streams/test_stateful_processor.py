@@ -10,11 +10,11 @@ import pytest
 from app.forecasting.linear_ar import LinearAR
 from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.forecasting.training import TrainingConfig
-from app.monitoring.alarms import AlarmEvent
 from app.monitoring.calibration import HoldOut, calibrate_margins
 from app.monitoring.monitor import Monitor
 from app.series import Series
 from app.streams.processor import StreamProcessor
+from tests.support.events import same_events
 
 W = 64
 TINY = TrainingConfig(epochs=3, batch_size=4, lr=1e-2, validation=200)
@@ -64,18 +64,6 @@ def stream(processor: StreamProcessor, values: np.ndarray, references: np.ndarra
     return state, np.concatenate(residuals), events
 
 
-def same_events(a: list[AlarmEvent], b: list[AlarmEvent]) -> bool:
-    def key(e: AlarmEvent) -> tuple[int, str]:
-        return (e.start, e.detector)
-
-    a, b = sorted(a, key=key), sorted(b, key=key)
-    return len(a) == len(b) and all(
-        (x.detector, x.start, x.end, x.cleared_at) == (y.detector, y.start, y.end, y.cleared_at)
-        and x.peak == pytest.approx(y.peak, rel=1e-5, abs=1e-5)
-        for x, y in zip(a, b, strict=True)
-    )
-
-
 @pytest.mark.parametrize("size", [1, 7, 100, 2000])
 def test_streaming_equals_the_offline_recurrence(lab, size: int) -> None:  # type: ignore[no-untyped-def]
     processor, values, references = lab
@@ -83,7 +71,7 @@ def test_streaming_equals_the_offline_recurrence(lab, size: int) -> None:  # typ
     state, residuals, events = stream(processor, values, references, size)
     np.testing.assert_allclose(residuals, expected_residuals, rtol=0, atol=1e-5)
     assert np.isnan(residuals[:W]).all()
-    assert same_events(events, expected_events)
+    assert same_events(events, expected_events, rel=1e-5, abs=1e-5)
     assert {e.detector for e in events} >= {"point", "level"}
     assert state.samples == values.size and state.recurrent is not None
 
