@@ -12,7 +12,7 @@ from app.monitoring.monitor import Monitor, MonitorConfig
 from app.monitoring.residuals import one_step_residuals
 from app.series import Series
 from app.streams.processor import StreamProcessor, StreamState
-from tests.support.events import same_events
+from tests.support.processing import same_events, stream
 
 W = 64
 
@@ -36,19 +36,6 @@ def offline(processor: StreamProcessor, values: np.ndarray, references: np.ndarr
     monitor = Monitor(processor.monitor_config)
     run = monitor.run(residuals, gaps)
     return residuals, run.events(monitor.open_events())
-
-
-def stream(processor: StreamProcessor, values: np.ndarray, references: np.ndarray, size: int):  # type: ignore[no-untyped-def]
-    state = processor.new_state()
-    residuals, events = [], []
-    for start in range(0, values.size, size):
-        state, result = processor.process(
-            state, values[start : start + size, None], references[start : start + size]
-        )
-        residuals.append(result.residual)
-        events.extend(result.closed)
-    events.extend(state.monitor.open_events())
-    return state, np.concatenate(residuals), events
 
 
 @pytest.mark.parametrize("size", [1, 7, 100, 2000])

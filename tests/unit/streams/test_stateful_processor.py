@@ -14,7 +14,7 @@ from app.monitoring.calibration import HoldOut, calibrate_margins
 from app.monitoring.monitor import Monitor
 from app.series import Series
 from app.streams.processor import StreamProcessor
-from tests.support.events import same_events
+from tests.support.processing import same_events, stream
 
 W = 64
 TINY = TrainingConfig(epochs=3, batch_size=4, lr=1e-2, validation=200)
@@ -49,19 +49,6 @@ def offline(processor: StreamProcessor, values: np.ndarray, references: np.ndarr
     monitor = Monitor(processor.monitor_config)
     run = monitor.run(residuals, gaps)
     return residuals, run.events(monitor.open_events())
-
-
-def stream(processor: StreamProcessor, values: np.ndarray, references: np.ndarray, size: int):  # type: ignore[no-untyped-def]
-    state = processor.new_state()
-    residuals, events = [], []
-    for start in range(0, values.size, size):
-        result = processor.advance(
-            state, values[start : start + size, None], references[start : start + size]
-        )
-        residuals.append(result.residual)
-        events.extend(result.closed)
-    events.extend(state.monitor.open_events())
-    return state, np.concatenate(residuals), events
 
 
 @pytest.mark.parametrize("size", [1, 7, 100, 2000])
