@@ -140,6 +140,11 @@ class AlarmRule:
         self, sample: int, statistic: float, exceeded: bool
     ) -> tuple[AlarmEvent | None, AlarmEvent | None]:
         """One sample with a statistic: (opened, closed) events, either possibly None."""
+        if not exceeded and self._open is None:  # the common case: nothing to open or close
+            self._seen += 1
+            if self._recent:
+                self._forget_old()
+            return None, None
         ordinal = self._seen
         self._seen += 1
         opened = closed = None
@@ -184,6 +189,10 @@ class AlarmRule:
         return opened, closed
 
     # -- state --
+
+    @property
+    def is_open(self) -> bool:
+        return self._open is not None
 
     def current(self) -> AlarmEvent | None:
         """The open event (peak so far), if any."""

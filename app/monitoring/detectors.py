@@ -149,6 +149,17 @@ class Detector(ABC):
     def batch(self, values: FloatArray) -> FloatArray:
         """Advance by many valid inputs at once; their statistics, NaN while warming up."""
 
+    @classmethod
+    def update_many(cls, detectors: Sequence[Detector], values: Any) -> FloatArray:
+        """`update` on many detectors of this kind and configuration (one per stream), one
+        valid input each (row i of `values` for detector i); NaN while one warms up.
+
+        The forms below compute the same formula for all the streams at once, over numpy
+        columns across the streams, so each statistic is the one `update` gives bit for bit
+        (see the module's note on exactness)."""
+        out = [detector.update(value) for detector, value in zip(detectors, values, strict=True)]
+        return np.array([math.nan if x is None else x for x in out], dtype=np.float64)
+
     def exceeds(self, statistic: F) -> Any:
         """On the alarming side of the threshold (False for NaN: no statistic, no alarm)."""
         if self.direction == "above":
@@ -173,6 +184,10 @@ class PointDetector(Detector):
 
     def batch(self, values: FloatArray) -> FloatArray:
         return _abs(values)
+
+    @classmethod
+    def update_many(cls, detectors: Sequence[Detector], values: Any) -> FloatArray:
+        return _abs(np.asarray(values, dtype=np.float64))
 
 
 class _RollingDetector(Detector):
@@ -213,6 +228,29 @@ class _RollingDetector(Detector):
             view = np.lib.stride_tricks.sliding_window_view(extended[first:], self.window)
             out[first + self.window - 1 - history :] = self.formula(_columns(view))
         self._buffer = array("d", extended[-self.window :].tolist())
+        return out
+
+    @classmethod
+    def update_many(cls, detectors: Sequence[Detector], values: Any) -> FloatArray:
+        rolling = [d for d in detectors if isinstance(d, _RollingDetector)]
+        window = rolling[0].window if rolling else 0
+        if len(rolling) != len(detectors) or any(d.window != window for d in rolling):
+            return super().update_many(detectors, values)
+        out = np.full(len(rolling), np.nan)
+        full_rows: list[int] = []
+        full_buffers: list[array[float]] = []
+        for row, (detector, value) in enumerate(zip(rolling, values.tolist(), strict=True)):
+            buffer = detector._buffer
+            buffer.append(value)
+            if len(buffer) > window:
+                del buffer[0]
+            if len(buffer) == window:
+                full_rows.append(row)
+                full_buffers.append(buffer)
+        if full_buffers:
+            # Row i: stream i's window, oldest first, as `update` reads it.
+            windows = np.frombuffer(b"".join(full_buffers), dtype=np.float64)
+            out[full_rows] = cls.formula(_columns(windows.reshape(-1, window)))
         return out
 
     def state_dict(self) -> dict[str, Any]:
@@ -320,6 +358,30 @@ class CusumDetector(Detector):
         self._s = s
         return np.asarray(out, dtype=np.float64)
 
+    @classmethod
+    def update_many(cls, detectors: Sequence[Detector], values: Any) -> FloatArray:
+        cusums = [d for d in detectors if isinstance(d, CusumDetector)]
+        first = cusums[0] if cusums else None
+        if (
+            first is None
+            or len(cusums) != len(detectors)
+            or any(d._settings() != first._settings() for d in cusums)
+        ):
+            return super().update_many(detectors, values)
+        increments = cusum_increment(
+            np.asarray(values, dtype=np.float64), first.sigma, first.kappa, first.clip
+        )
+        # cusum_step on arrays: the same comparisons and one addition per stream.
+        total = np.array([d._s for d in cusums]) + increments
+        statistics = np.where(total > 0.0, total, 0.0)
+        carried = np.where(statistics > first.threshold, 0.0, statistics)
+        for detector, s in zip(cusums, carried.tolist(), strict=True):
+            detector._s = s
+        return statistics
+
+    def _settings(self) -> tuple[float, float, float, float | None]:
+        return self.threshold, self.sigma, self.kappa, self.clip
+
     def state_dict(self) -> dict[str, Any]:
         return {"s": self._s}
 
@@ -359,6 +421,17 @@ class MahalanobisDetector(Detector):
 
     def batch(self, values: FloatArray) -> FloatArray:
         return whitened_square(self.whitening, _columns(values))
+
+    @classmethod
+    def update_many(cls, detectors: Sequence[Detector], values: Any) -> FloatArray:
+        first = detectors[0] if detectors else None
+        if not isinstance(first, MahalanobisDetector) or any(
+            not isinstance(d, MahalanobisDetector)
+            or not np.array_equal(d.whitening, first.whitening)
+            for d in detectors
+        ):
+            return super().update_many(detectors, values)
+        return first.batch(np.asarray(values, dtype=np.float64))
 
 
 DETECTORS: dict[str, type[Detector]] = {

@@ -260,6 +260,71 @@ class Monitor:
         self._sample += 1
         return MonitorStep(sample, statistics, exceeded, opened, closed)
 
+    @staticmethod
+    def update_many(
+        monitors: Sequence[Monitor],
+        residuals: NDArray[np.float64],
+        reference_gaps: NDArray[np.float64] | None = None,
+    ) -> list[MonitorStep]:
+        """`update` on many monitors of one configuration (one per stream), one reading each:
+        row i of `residuals` ((N, C), NaN: none) and of `reference_gaps` ((N,), NaN: none) for
+        monitor i. Each detector kind is stepped for all the streams at once; every stream gets
+        the statistics and transitions `update` would give it. Nothing changes on bad input."""
+        if not monitors:
+            return []
+        config = monitors[0].config
+        matrix = np.asarray(residuals, dtype=np.float64)
+        if matrix.ndim == 1:
+            matrix = matrix[:, None]
+        count = len(monitors)
+        shared = all(m.config is config or m.config == config for m in monitors)
+        if matrix.shape != (count, config.channels) or not shared:
+            raise ValueError("update_many takes one residual row per monitor of one configuration")
+        gaps = (
+            np.full(count, np.nan)
+            if reference_gaps is None
+            else np.asarray(reference_gaps, dtype=np.float64)
+        )
+        infinite = (("residual", np.isinf(matrix).any(axis=1)), ("reference gap", np.isinf(gaps)))
+        for name, bad in infinite:
+            if bad.any():
+                row = int(np.flatnonzero(bad)[0])
+                raise DataError(f"sample {monitors[row]._sample}: the {name} is infinite")
+        samples = [monitor._sample for monitor in monitors]
+        statistics: list[dict[str, float | None]] = [{} for _ in monitors]
+        exceeded: list[dict[str, bool]] = [{} for _ in monitors]
+        opened: list[list[AlarmEvent]] = [[] for _ in monitors]
+        closed: list[list[AlarmEvent]] = [[] for _ in monitors]
+        for kind, first in monitors[0].detectors.items():
+            inputs, valid = _inputs(first, matrix, gaps)
+            rows = np.flatnonzero(valid).tolist()
+            statistic = np.full(count, np.nan)
+            if rows:
+                detectors = [monitors[row].detectors[kind] for row in rows]
+                statistic[rows] = type(first).update_many(detectors, inputs[rows])
+            over = first.exceeds(statistic).tolist()
+            for row, value, is_over in zip(range(count), statistic.tolist(), over, strict=True):
+                if math.isnan(value):
+                    statistics[row][kind] = None
+                    exceeded[row][kind] = False
+                    continue
+                statistics[row][kind] = value
+                exceeded[row][kind] = is_over
+                event_opened, event_closed = (
+                    monitors[row].rules[kind].observe(samples[row], value, is_over)
+                )
+                if event_opened is not None:
+                    opened[row].append(event_opened)
+                if event_closed is not None:
+                    closed[row].append(event_closed)
+        steps = []
+        for row, monitor in enumerate(monitors):
+            monitor._sample += 1
+            steps.append(
+                MonitorStep(samples[row], statistics[row], exceeded[row], opened[row], closed[row])
+            )
+        return steps
+
     def _vector(self, residual: float | Sequence[float]) -> list[float]:
         if isinstance(residual, int | float):
             vector = [float(residual)]
@@ -302,15 +367,9 @@ class Monitor:
         opened: list[AlarmEvent] = []
         closed: list[AlarmEvent] = []
         for kind, detector in self.detectors.items():
-            if detector.source == "reference_gap":
-                inputs = gaps if gaps is not None else np.full(count, np.nan)
-                valid = ~np.isnan(inputs)
-            elif detector.source == "vector":
-                inputs = matrix
-                valid = ~np.isnan(matrix).any(axis=1)
-            else:
-                inputs = matrix[:, 0]
-                valid = ~np.isnan(inputs)
+            inputs, valid = _inputs(
+                detector, matrix, gaps if gaps is not None else np.full(count, np.nan)
+            )
             statistic = np.full(count, np.nan)
             statistic[valid] = detector.batch(np.ascontiguousarray(inputs[valid]))
             has = ~np.isnan(statistic)
@@ -335,7 +394,15 @@ class Monitor:
 
     def open_events(self) -> list[AlarmEvent]:
         """Events still open, with their peak so far."""
-        return [e for rule in self.rules.values() if (e := rule.current()) is not None]
+        return [e for rule in self.rules.values() if rule.is_open and (e := rule.current())]
+
+    def open_peaks(self) -> dict[str, float]:
+        """The peak so far of each open event, by detector."""
+        return {
+            kind: event.peak
+            for kind, rule in self.rules.items()
+            if rule.is_open and (event := rule.current())
+        }
 
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready state (finite floats, ints, lists): checkpoint it, restore with from_state."""
@@ -371,6 +438,19 @@ class Monitor:
             monitor.rules[kind].load_state_dict(dict(alarms[kind]))
         monitor._sample = sample
         return monitor
+
+
+def _inputs(
+    detector: Detector, residuals: NDArray[np.float64], gaps: NDArray[np.float64]
+) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
+    """What the detector reads from each row ((N, C) residuals, (N,) reference gaps) and which
+    rows have it (no NaN)."""
+    if detector.source == "reference_gap":
+        return gaps, ~np.isnan(gaps)
+    if detector.source == "vector":
+        return residuals, np.asarray(~np.isnan(residuals).any(axis=1))
+    column = residuals[:, 0]
+    return column, ~np.isnan(column)
 
 
 def _refuse_infinite(values: NDArray[np.float64], what: str, offset: int) -> None:

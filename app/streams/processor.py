@@ -43,7 +43,7 @@ from app.forecasting.stateful_lstm import (
     state_to_json,
 )
 from app.monitoring.alarms import AlarmEvent
-from app.monitoring.monitor import Monitor, MonitorConfig
+from app.monitoring.monitor import Monitor, MonitorConfig, MonitorStep
 
 STATE_VERSION = 1
 DEFAULT_MAX_GAP = 10
@@ -240,7 +240,8 @@ class StreamProcessor:
     ) -> list[BatchResult]:
         """`advance` for many streams' batches (one per stream), each with the semantics of
         processing it alone; every stream with a single reading shares one forecaster call."""
-        checked = [self._check(*batch) for batch in batches]  # all validated before any change
+        checked = [self._check(*batch, finite=False) for batch in batches]
+        self._refuse_infinite(checked)  # all validated before any change
         results: list[BatchResult | None] = [None] * len(checked)
         singles = [i for i, batch in enumerate(checked) if batch[1].shape[0] == 1]
         for index, batch in enumerate(checked):
@@ -249,8 +250,8 @@ class StreamProcessor:
         if singles:
             plans = [self._plan(*checked[i]) for i in singles]
             self._forecast_plans(plans)
-            for index, plan in zip(singles, plans, strict=True):
-                results[index] = self._finish(plan)
+            for index, result in zip(singles, self._finish(plans), strict=True):
+                results[index] = result
         return [result for result in results if result is not None]
 
     def _check(
@@ -259,15 +260,10 @@ class StreamProcessor:
         values: np.ndarray,
         references: np.ndarray | None,
         restart: np.ndarray | None,
+        *,
+        finite: bool = True,
     ) -> tuple[StreamState, np.ndarray, np.ndarray | None, np.ndarray]:
-        values, references = self._validated(values, references)
-        count = values.shape[0]
-        restart = np.zeros(count, dtype=bool) if restart is None else np.asarray(restart, bool)
-        return state, values, references, restart
-
-    def _validated(
-        self, values: np.ndarray, references: np.ndarray | None
-    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Shapes checked (and, if `finite`, infinities refused); arrays as the steps take them."""
         values = np.asarray(values, dtype=np.float64)
         if values.ndim == 1:
             values = values[:, None]
@@ -276,15 +272,28 @@ class StreamProcessor:
             raise DataError(
                 f"readings have {values.shape[1]} channel(s), the model reads {self.channels}"
             )
-        if np.isinf(values).any():
-            raise DataError("readings must be finite numbers or null")
         if references is not None:
             references = np.asarray(references, dtype=np.float64)
             if references.shape != (count,):
                 raise DataError(f"{references.shape[0]} references for {count} readings")
-            if np.isinf(references).any():
-                raise DataError("references must be finite numbers or null")
-        return values, references
+        restart = np.zeros(count, dtype=bool) if restart is None else np.asarray(restart, bool)
+        checked = state, values, references, restart
+        if finite:
+            self._refuse_infinite([checked])
+        return checked
+
+    @staticmethod
+    def _refuse_infinite(
+        checked: list[tuple[StreamState, np.ndarray, np.ndarray | None, np.ndarray]],
+    ) -> None:
+        """One test for all the batches: per batch, numpy's overhead would cost more than it."""
+        if not checked:
+            return
+        if np.isinf(np.concatenate([batch[1].ravel() for batch in checked])).any():
+            raise DataError("readings must be finite numbers or null")
+        references = [batch[2] for batch in checked if batch[2] is not None]
+        if references and np.isinf(np.concatenate(references)).any():
+            raise DataError("references must be finite numbers or null")
 
     # -- one reading: bookkeeping, one (shared) forecaster call, monitor --
 
@@ -300,7 +309,7 @@ class StreamProcessor:
             state=state,
             value=value,
             reference=math.nan if references is None else float(references[0]),
-            missing=bool(np.isnan(value).any()),
+            missing=any(math.isnan(x) for x in value.tolist()),
         )
         if restart[0]:
             self._empty_window(state)
@@ -346,52 +355,77 @@ class StreamProcessor:
                 own = LSTMState(h=after.h[:, row : row + 1], c=after.c[:, row : row + 1])
                 plan.step_output = (forecasts[row], own)
 
-    def _finish(self, plan: _Plan) -> BatchResult:
+    def _finish(self, plans: list[_Plan]) -> list[BatchResult]:
+        """Residuals, one monitor step for all the plans' streams together, then each state.
+
+        The per-reading arrays of the results are one-element views of arrays over all the
+        plans: one numpy call per quantity instead of one per quantity and stream."""
+        residuals: list[float] = []
+        watched: list[float] = []  # what the monitor sees: the residual, or NaN
+        gaps: list[float] = []
+        monitored: list[bool] = []
+        for plan in plans:
+            residual = math.nan if plan.imputed else float(plan.value[0]) - plan.forecast
+            seen = not math.isnan(residual) and not plan.state.imputed.any()
+            has_gap = not (plan.imputed or math.isnan(plan.reference) or math.isnan(plan.forecast))
+            residuals.append(residual)
+            watched.append(residual if seen else math.nan)
+            gaps.append(float(plan.value[0]) - plan.reference if has_gap else math.nan)
+            monitored.append(seen)
+        steps = Monitor.update_many(
+            [plan.state.monitor for plan in plans], np.array(watched), np.array(gaps)
+        )
+        columns = {
+            "forecast": np.array([plan.forecast for plan in plans]),
+            "residual": np.array(residuals),
+            "imputed": np.array([plan.imputed for plan in plans]),
+            "monitored": np.array(monitored),
+        }
+        statistics = {
+            kind: np.array([math.nan if (x := s.statistics[kind]) is None else x for s in steps])
+            for kind in steps[0].statistics
+        }
+        results = []
+        for index, (plan, step) in enumerate(zip(plans, steps, strict=True)):
+            self._append(plan, residuals[index], step)
+            one = slice(index, index + 1)
+            results.append(
+                BatchResult(
+                    first_sample=step.sample,
+                    forecast=columns["forecast"][one],
+                    residual=columns["residual"][one],
+                    imputed=columns["imputed"][one],
+                    monitored=columns["monitored"][one],
+                    statistics={kind: column[one] for kind, column in statistics.items()},
+                    opened=step.opened,
+                    closed=step.closed,
+                    open_events=plan.state.monitor.open_events(),
+                )
+            )
+        return results
+
+    def _append(self, plan: _Plan, residual: float, step: MonitorStep) -> None:
+        """Move the plan's state past its reading."""
         state = plan.state
         W = self.window
-        row = plan.value if plan.row is None else plan.row
-        forecast = plan.forecast
-        residual = math.nan if plan.imputed else float(plan.value[0]) - forecast
-        appended = plan.row is not None or not plan.missing
-        monitored = not math.isnan(residual) and not state.imputed[-W:].any()
-        gap = None
-        if not math.isnan(plan.reference) and not math.isnan(forecast) and not plan.imputed:
-            gap = float(plan.value[0]) - plan.reference
-        step = state.monitor.update(
-            residual if monitored else math.nan,
-            reference_gap=gap,
-        )
-        if appended:
+        if plan.row is not None or not plan.missing:  # the reading (or its stand-in) joins
             if self.stateful is not None:
                 if plan.step_output is None:  # the first reading of a run: a fresh state
                     state.recurrent = self.stateful.initial_state(1)
                     state.pending = np.full(self.stateful.horizon, np.nan)
                 else:
                     state.pending, state.recurrent = plan.step_output
+            row = plan.value if plan.row is None else plan.row
             state.window = np.concatenate([state.window[-(W - 1) :], row[None]])
             state.imputed = np.concatenate((state.imputed[-(W - 1) :], (plan.imputed,)))
-        if not math.isnan(forecast):
-            state.last_forecast = forecast
+        if not math.isnan(plan.forecast):
+            state.last_forecast = plan.forecast
         if not math.isnan(residual):
             state.last_residual = residual
-        statistics: dict[str, np.ndarray] = {}
         for kind, statistic in step.statistics.items():
-            statistics[kind] = np.array([math.nan if statistic is None else statistic])
             if statistic is not None:
                 state.last_statistics[kind] = statistic
-        first = state.samples
         state.samples += 1
-        return BatchResult(
-            first_sample=first,
-            forecast=np.array([forecast]),
-            residual=np.array([residual]),
-            imputed=np.array([plan.imputed]),
-            monitored=np.array([monitored]),
-            statistics=statistics,
-            opened=step.opened,
-            closed=step.closed,
-            open_events=state.monitor.open_events(),
-        )
 
     def _empty_window(self, state: StreamState) -> None:
         state.window = np.empty((0, self.channels))

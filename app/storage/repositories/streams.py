@@ -38,16 +38,6 @@ def get_many(session: Session, stream_ids: Sequence[str]) -> list[Stream]:
     return list(session.scalars(statement))
 
 
-def lock_many(session: Session, stream_ids: Sequence[str]) -> None:
-    """Lock the streams' rows until commit, in key order (two requests never deadlock), reading
-    nothing else; NotFoundError names the first missing stream."""
-    statement = select(Stream.id).where(Stream.id.in_(stream_ids)).order_by(Stream.id)
-    found = set(session.scalars(statement.with_for_update()))
-    for stream_id in stream_ids:
-        if stream_id not in found:
-            raise NotFoundError(f"stream {stream_id!r} does not exist", stream=stream_id)
-
-
 def require_many(
     session: Session, stream_ids: Sequence[str], *, for_update: bool = False
 ) -> list[Stream]:

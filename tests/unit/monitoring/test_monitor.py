@@ -82,6 +82,53 @@ def test_update_and_run_agree_exactly_on_every_sample(seed: int, channels: int) 
     assert {e.detector for e in run.opened} >= {"point", "rolling_rms", "cusum", "level"}
 
 
+@pytest.mark.parametrize("channels", [1, 2])
+def test_many_monitors_stepped_together_equal_each_stepped_alone(channels: int) -> None:
+    """Streams at different ages (warming up, alarming, quiet), one reading each per tick."""
+    streams = 12
+    records = [random_stream(10 + i, 900, channels) for i in range(streams)]
+    shared = config(channels)
+    alone = [Monitor(shared) for _ in range(streams)]
+    together = [Monitor(shared) for _ in range(streams)]
+    expected = [step_all(m, r[:900], g[:900]) for m, (r, g) in zip(alone, records, strict=True)]
+    stats: list[dict[str, list[float]]] = [{k: [] for k in together[0].detectors} for _ in together]
+    opened: list[list[AlarmEvent]] = [[] for _ in together]
+    closed: list[list[AlarmEvent]] = [[] for _ in together]
+    for tick in range(900 + 60 * streams):
+        # Stream i starts at tick 60 i: every tick mixes streams of different ages.
+        active = [i for i in range(streams) if 0 <= tick - 60 * i < 900]
+        rows = np.array([records[i][0][tick - 60 * i] for i in active], dtype=np.float64)
+        gaps = np.array([records[i][1][tick - 60 * i] for i in active], dtype=np.float64)
+        steps = Monitor.update_many([together[i] for i in active], rows, gaps)
+        for i, step in zip(active, steps, strict=True):
+            assert step.sample == tick - 60 * i
+            for kind, statistic in step.statistics.items():
+                stats[i][kind].append(math.nan if statistic is None else statistic)
+            opened[i] += step.opened
+            closed[i] += step.closed
+    for i in range(streams):
+        expected_stats, expected_opened, expected_closed = expected[i]
+        for kind, values in expected_stats.items():
+            assert np.array_equal(np.array(stats[i][kind]), values, equal_nan=True), (i, kind)
+        assert opened[i] == expected_opened
+        assert closed[i] == expected_closed
+        assert together[i].state_dict() == alone[i].state_dict()
+    assert sum(len(events) for events in opened) > 10 * streams  # they do alarm
+
+
+def test_many_monitors_refuse_an_infinite_residual_before_changing_any() -> None:
+    monitors = [Monitor(config()) for _ in range(3)]
+    before = [m.state_dict() for m in monitors]
+    with pytest.raises(DataError, match="sample 0: the residual is infinite"):
+        Monitor.update_many(monitors, np.array([0.1, np.inf, 0.2]), np.zeros(3))
+    assert [m.state_dict() for m in monitors] == before
+
+
+def test_many_monitors_must_share_one_configuration() -> None:
+    with pytest.raises(ValueError, match="one configuration"):
+        Monitor.update_many([Monitor(config()), Monitor(config(2))], np.zeros((2, 1)))
+
+
 def test_a_batch_replay_can_be_continued_one_reading_at_a_time() -> None:
     residuals, gaps = random_stream(4, 2000, 1)
     whole = Monitor(config())
