@@ -8,6 +8,10 @@ validates them; see bench/parse_only.py). Every 2xx of the service means the bat
 `--model-kind lstm-stateful` gives every stream a calibrated stateful LSTM instead (warmed up
 with its window of 256 + 4 readings); the report says which kind ran.
 
+Each database is measured twice: with the full answer (one result per reading) and with
+`?results=false` (target `<database>-ack`: the acknowledgement and the alarms, the same answer as
+the parse-only ceiling's), each against its own ceiling.
+
 Workloads: one stream with batches of 1, 100 and 1,000 (one request at a time, as one stream's
 readings must arrive in order), and 100 streams posting concurrently (one connection each) with
 batches of 10 and 100. Each stream is created and warmed up (100 readings) before the clock
@@ -64,6 +68,7 @@ from app.simulation.twin import DuffingMachine, simulate_series
 WARMUP_READINGS = 100  # more than the model's window of 64: every timed reading is forecast
 STATEFUL_WARMUP_EXTRA = 4  # a stateful model's window (256) + 4: every timed reading forecast
 READINGS_PATH = "/v1/streams/{stream}/readings"
+ACK_ONLY = "?results=false"  # the answer is the acknowledgement and the alarms, as parse-only's
 PARSE_ONLY_PATH = "/v1/parse-only/{stream}/readings"  # the ceiling, inside the real app
 ECHO_PATH = "/v1/echo/{stream}/readings"  # the parse+answer ceiling
 MODEL_KINDS = ("lstm", "lstm-stateful")
@@ -99,6 +104,7 @@ class Target:
     path: str  # with {stream}
     stateful: bool  # streams must be created and warmed up
     warmup: int = WARMUP_READINGS  # readings sent to each stream before the clock starts
+    streams_suffix: str = ""  # keeps the stream names of two targets of one server apart
 
     def url(self, stream: str) -> str:
         return self.path.format(stream=stream)
@@ -182,7 +188,8 @@ async def post_all(
 async def run_workload(
     target: Target, workload: Workload, repeat: int, values: np.ndarray, requests: int
 ) -> Measurement:
-    names = [f"{workload.key}-r{repeat}-{i}" for i in range(workload.streams)]
+    suffix = target.streams_suffix
+    names = [f"{workload.key}-r{repeat}-{i}{suffix}" for i in range(workload.streams)]
     if target.stateful:
         await prepare_streams(target, names, values)
     warm = target.warmup
@@ -325,6 +332,7 @@ class Options:
     profile: Path | None
     json: Path | None
     model_kind: str = "lstm-stateful"
+    ack_only: bool = True  # also post with ?results=false
 
     def requests(self, workload: Workload) -> int:
         return workload.quick_requests if self.quick else workload.requests
@@ -343,6 +351,12 @@ def parse_options() -> Options:
     parser.add_argument("--json", type=Path, default=None, help="Write every figure here.")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy profiles here.")
     parser.add_argument("--no-ceiling", action="store_true", help="Skip the parse-only target.")
+    parser.add_argument(
+        "--no-ack-only",
+        action="store_true",
+        help="Skip the targets that post with ?results=false (answer: acknowledgement and "
+        "alarms only, like the parse-only ceiling's).",
+    )
     parser.add_argument(
         "--model-kind",
         choices=MODEL_KINDS,
@@ -373,6 +387,7 @@ def parse_options() -> Options:
         log_level=args.log_level,
         tweaks=tuple(name for name in args.tweaks.split(",") if name),
         ceiling=not args.no_ceiling,
+        ack_only=not args.no_ack_only,
         profile=args.profile,
         json=args.json,
         model_kind=args.model_kind,
@@ -429,6 +444,17 @@ def build_targets(
                 default_model=model.name,
             )
             targets.append(Target(name, server, READINGS_PATH, True, model.warmup))
+            if options.ack_only:
+                targets.append(
+                    Target(
+                        f"{name}-ack",
+                        server,
+                        READINGS_PATH + ACK_ONLY,
+                        True,
+                        model.warmup,
+                        streams_suffix="-ack",
+                    )
+                )
     if options.ceiling:
         ceiling = parse_only_server(
             "ceiling",

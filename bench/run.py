@@ -83,6 +83,9 @@ def run_ingest(args: argparse.Namespace) -> dict[str, Any]:
         rate = row["readings_per_s_median"]
         if row["target"] in ("sqlite", "postgresql"):
             table.setdefault(row["target"], {})[f"batch_{batch}"] = rate
+        elif row["target"] in ("sqlite-ack", "postgresql-ack"):
+            database = row["target"].removesuffix("-ack")
+            table.setdefault(database, {})[f"ack_only_batch_{batch}"] = rate
         elif row["target"] == "parse-only":
             for database in databases:
                 table.setdefault(database, {})[f"ceiling_batch_{batch}"] = rate
@@ -152,15 +155,29 @@ def acceptance(report: dict[str, Any]) -> list[dict[str, Any]]:
             "x",
         ),
         check(
-            "SQLite batch 1,000 / ceiling batch 1,000",
-            ratio(sqlite.get("batch_1000"), sqlite.get("ceiling_batch_1000")),
+            "SQLite batch 1,000 / ceiling, both answering the acknowledgement",
+            ratio(sqlite.get("ack_only_batch_1000"), sqlite.get("ceiling_batch_1000")),
             ">= 25%",
             lambda v: v >= 0.25,
             "%",
         ),
         check(
-            "SQLite batch 1 / ceiling batch 1",
-            ratio(sqlite.get("batch_1"), sqlite.get("ceiling_batch_1")),
+            "SQLite batch 1,000 / ceiling, both answering every reading (extra)",
+            ratio(sqlite.get("batch_1000"), sqlite.get("ceiling_answer_batch_1000")),
+            ">= 25%",
+            lambda v: v >= 0.25,
+            "%",
+        ),
+        check(
+            "SQLite batch 1 / ceiling, both answering the acknowledgement",
+            ratio(sqlite.get("ack_only_batch_1"), sqlite.get("ceiling_batch_1")),
+            ">= 30%",
+            lambda v: v >= 0.30,
+            "%",
+        ),
+        check(
+            "SQLite batch 1 / ceiling, both answering every reading (extra)",
+            ratio(sqlite.get("batch_1"), sqlite.get("ceiling_answer_batch_1")),
             ">= 30%",
             lambda v: v >= 0.30,
             "%",
@@ -204,7 +221,16 @@ def print_summary(report: dict[str, Any]) -> None:
     ingest_table = report.get("ingest_readings_per_s")
     if ingest_table:
         print(f"\ningest readings/s (median; model kind {report.get('ingest_model_kind')}):")
-        keys = ["batch_1", "batch_100", "batch_1000", "ceiling_batch_1", "ceiling_batch_1000"]
+        keys = [
+            "batch_1",
+            "batch_1000",
+            "ack_only_batch_1",
+            "ack_only_batch_1000",
+            "ceiling_batch_1",
+            "ceiling_batch_1000",
+            "ceiling_answer_batch_1",
+            "ceiling_answer_batch_1000",
+        ]
         print("| database | " + " | ".join(keys) + " |\n|---|" + "---:|" * len(keys))
         for database, row in ingest_table.items():
             if "error" in row:

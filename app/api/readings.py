@@ -45,6 +45,7 @@ ResultsQuery = Query(
 
 
 def _answer(outcome: IngestOutcome, with_results: bool = True) -> ReadingsOut:
+    """Built from validated numbers without validating again (`model_construct`)."""
     results: list[ReadingResult] = []
     result = outcome.result
     if result is not None and with_results:
@@ -67,7 +68,7 @@ def _answer(outcome: IngestOutcome, with_results: bool = True) -> ReadingsOut:
                     },
                 )
             )
-    return ReadingsOut(
+    return ReadingsOut.model_construct(
         accepted=len(outcome.accepted),
         duplicates=outcome.duplicates,
         results=results,
@@ -152,7 +153,7 @@ def post_many_readings(
     is about in `stream`.
     """
     outcomes, started = _ingest(state, [(item.stream, item.readings) for item in body.streams])
-    answer = ManyReadingsOut(
+    answer = ManyReadingsOut.model_construct(
         streams=[
             StreamReadingsOut.model_construct(stream=item.stream, **dict(_answer(outcome, results)))
             for item, outcome in zip(body.streams, outcomes, strict=True)

@@ -364,9 +364,11 @@ class StreamProcessor:
         watched: list[float] = []  # what the monitor sees: the residual, or NaN
         gaps: list[float] = []
         monitored: list[bool] = []
+        clean: list[bool] = []  # no imputed reading in the window
         for plan in plans:
             residual = math.nan if plan.imputed else float(plan.value[0]) - plan.forecast
-            seen = not math.isnan(residual) and not plan.state.imputed.any()
+            clean.append(not plan.state.imputed.any())
+            seen = clean[-1] and not math.isnan(residual)
             has_gap = not (plan.imputed or math.isnan(plan.reference) or math.isnan(plan.forecast))
             residuals.append(residual)
             watched.append(residual if seen else math.nan)
@@ -387,7 +389,7 @@ class StreamProcessor:
         }
         results = []
         for index, (plan, step) in enumerate(zip(plans, steps, strict=True)):
-            self._append(plan, residuals[index], step)
+            self._append(plan, residuals[index], step, clean=clean[index])
             one = slice(index, index + 1)
             results.append(
                 BatchResult(
@@ -404,8 +406,8 @@ class StreamProcessor:
             )
         return results
 
-    def _append(self, plan: _Plan, residual: float, step: MonitorStep) -> None:
-        """Move the plan's state past its reading."""
+    def _append(self, plan: _Plan, residual: float, step: MonitorStep, *, clean: bool) -> None:
+        """Move the plan's state past its reading (`clean`: no imputed reading in its window)."""
         state = plan.state
         W = self.window
         if plan.row is not None or not plan.missing:  # the reading (or its stand-in) joins
@@ -417,7 +419,9 @@ class StreamProcessor:
                     state.pending, state.recurrent = plan.step_output
             row = plan.value if plan.row is None else plan.row
             state.window = np.concatenate([state.window[-(W - 1) :], row[None]])
-            state.imputed = np.concatenate((state.imputed[-(W - 1) :], (plan.imputed,)))
+            if not (clean and not plan.imputed and state.imputed.shape[0] == W):
+                # (else it is W times False already: arrays are never written in place)
+                state.imputed = np.concatenate((state.imputed[-(W - 1) :], (plan.imputed,)))
         if not math.isnan(plan.forecast):
             state.last_forecast = plan.forecast
         if not math.isnan(residual):
