@@ -22,7 +22,6 @@ from sqlalchemy import (
     LargeBinary,
     MetaData,
     String,
-    UniqueConstraint,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -152,22 +151,34 @@ class StreamCheckpoint(Base):
     updated_at: Mapped[datetime]
 
 
-class Reading(Base):
-    """An accepted reading: enough to rebuild a stream's state and to recognise re-sends."""
+class ReadingBatch(Base):
+    """The readings one request brought to one stream, packed: enough to rebuild the stream's
+    state (a restart replays the batches after the last checkpoint, as they arrived) and to
+    recognise re-sends.
 
-    __tablename__ = "readings"
+    One row per batch, not per reading: 1,000 readings are one row of three arrays, written in
+    a fraction of a millisecond where 1,000 rows took ten. `times` are int64 microseconds since
+    the Unix epoch, `channel_values` float64 (count x channels, row-major, in the stream's
+    channel order) and `reference_values` float64 or NULL for a stream without references; all
+    little-endian, NaN for a missing number (accepted numbers are finite). A stream's channels
+    cannot change once it has readings, so the channel count is the stream's.
+    """
+
+    __tablename__ = "reading_batches"
 
     stream_id: Mapped[str] = mapped_column(
         String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE"), primary_key=True
     )
-    sample: Mapped[int] = mapped_column(BigInteger(), primary_key=True)
-    # The sample of the first reading of the request that brought it: a restart replays the
-    # readings after the last checkpoint in the batches they arrived in.
-    batch: Mapped[int | None] = mapped_column(BigInteger())
-    t: Mapped[datetime]
-    value: Mapped[float | None]
-    # none_as_null: a single-channel reading stores SQL NULL here, not the JSON text "null".
-    values: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
-    reference: Mapped[float | None]
+    first_sample: Mapped[int] = mapped_column(BigInteger(), primary_key=True)
+    count: Mapped[int] = mapped_column(Integer())
+    first_t: Mapped[datetime]
+    last_t: Mapped[datetime]
+    times: Mapped[bytes]
+    channel_values: Mapped[bytes]
+    reference_values: Mapped[bytes | None]
 
-    __table_args__ = (UniqueConstraint("stream_id", "t"),)
+    __table_args__ = (
+        CheckConstraint("count > 0", name="count_positive"),
+        # Re-sends look batches up by time.
+        Index("ix_reading_batches_stream_id_last_t", "stream_id", "last_t"),
+    )

@@ -9,9 +9,9 @@ twice; one stream is processed by one request at a time.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
-import math
 import threading
 import zlib
 from collections.abc import Sequence
@@ -31,7 +31,7 @@ from app.monitoring.monitor import Monitor, MonitorConfig
 from app.registry import ModelRegistry, RegisteredModel
 from app.schemas import ReadingIn
 from app.storage.db import Database, DatabaseError
-from app.storage.models import Alarm, Reading, Stream
+from app.storage.models import Alarm, Stream
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import readings as reading_repo
@@ -121,6 +121,7 @@ class _Batch:
     live: LiveStream
     fresh: list[ReadingIn]
     resent: int
+    micros: np.ndarray  # (fresh,) int64 microseconds since the epoch
     values: np.ndarray  # (fresh, C)
     references: np.ndarray | None
     restart: np.ndarray
@@ -248,40 +249,27 @@ class StreamEngine:
     def _replay(self, session: Session, live: LiveStream) -> None:
         """Bring a restored state up to the last accepted reading, batch by original batch
         (the forecaster rounds the same way only for the same batches)."""
-        stored = reading_repo.by_sample(session, stream_id=live.stream_id, start=live.state.samples)
-        if stored and stored[0].sample != live.state.samples:
-            raise DataError(
-                f"stream {live.stream_id!r}: readings from sample {live.state.samples} are missing"
-            )
-        start = 0
-        while start < len(stored):
-            stop = start + 1
-            while stop < len(stored) and stored[stop].batch == stored[start].batch:
-                stop += 1
-            group = stored[start:stop]
-            values = np.array([_stored_values(r, live.channels) for r in group])
-            references = (
-                np.array([math.nan if r.reference is None else r.reference for r in group])
-                if live.has_reference
-                else None
-            )
-            restart = self._restarts(live.last_t, [r.t for r in group], live.sample_period_s)
-            live.processor.advance(live.state, values, references, restart)
-            live.last_t = group[-1].t
-            start = stop
+        stored = reading_repo.batches_from(
+            session, stream_id=live.stream_id, first_sample=live.state.samples
+        )
+        for batch in stored:
+            if batch.first_sample != live.state.samples:
+                raise DataError(
+                    f"stream {live.stream_id!r}: readings from sample {live.state.samples} "
+                    "are missing"
+                )
+            restart = self._restarts(live.last_t, batch.micros, live.sample_period_s)
+            references = batch.references if live.has_reference else None
+            live.processor.advance(live.state, batch.values, references, restart)
+            live.last_t = batch.last_t
 
-    def _restarts(
-        self, last_t: datetime | None, times: Sequence[datetime], period: float
-    ) -> np.ndarray:
+    def _restarts(self, last_t: datetime | None, micros: np.ndarray, period: float) -> np.ndarray:
         """True where a reading follows the previous one by more than `max_gap` periods."""
-        limit = self.max_gap * period
-        restart = np.zeros(len(times), dtype=bool)
-        previous = last_t
-        for index, t in enumerate(times):
-            if previous is not None and (t - previous).total_seconds() > limit:
-                restart[index] = True
-            previous = t
-        return restart
+        if not len(micros):
+            return np.zeros(0, dtype=bool)
+        previous = micros[0] if last_t is None else reading_repo.micros([last_t])[0]
+        gaps = np.diff(micros, prepend=previous) / 1e6  # exactly timedelta.total_seconds()
+        return gaps > self.max_gap * period
 
     @staticmethod
     def _restore(processor: StreamProcessor, saved: dict[str, Any]) -> StreamState:
@@ -422,13 +410,15 @@ class StreamEngine:
         self, session: Session, live: LiveStream, readings: Sequence[ReadingIn], latest: datetime
     ) -> _Batch:
         times = [reading.t for reading in readings]
-        for index in range(1, len(times)):
-            if times[index] <= times[index - 1]:
-                raise DataError(
-                    f"readings[{index}].t ({times[index].isoformat()}) is not after "
-                    f"readings[{index - 1}].t: send readings in increasing time order",
-                    reason="invalid",
-                )
+        micros = reading_repo.micros(times)
+        backwards = np.flatnonzero(np.diff(micros) <= 0)
+        if len(backwards):
+            index = int(backwards[0]) + 1
+            raise DataError(
+                f"readings[{index}].t ({times[index].isoformat()}) is not after "
+                f"readings[{index - 1}].t: send readings in increasing time order",
+                reason="invalid",
+            )
         if times and times[-1] > latest:
             raise DataError(
                 f"readings[{len(times) - 1}].t ({times[-1].isoformat()}) is more than "
@@ -439,7 +429,7 @@ class StreamEngine:
         values = self._values(live, readings)
         references = self._references(live, readings)
         last_t = live.last_t
-        resent = 0 if last_t is None else sum(1 for t in times if t <= last_t)
+        resent = 0 if last_t is None else bisect.bisect_right(times, last_t)
         if resent:
             self._check_resent(session, live, readings[:resent], values[:resent])
         fresh = list(readings[resent:])
@@ -447,9 +437,10 @@ class StreamEngine:
             live=live,
             fresh=fresh,
             resent=resent,
+            micros=micros[resent:],
             values=values[resent:],
             references=None if references is None else references[resent:],
-            restart=self._restarts(last_t, times[resent:], live.sample_period_s),
+            restart=self._restarts(last_t, micros[resent:], live.sample_period_s),
             peaks_before=live.state.monitor.open_peaks(),
         )
 
@@ -465,21 +456,18 @@ class StreamEngine:
             )
             for batch, result in zip(group, results, strict=True):
                 batch.result = result
-        rows = [
-            reading_repo.NewReading(
+        stored = [
+            reading_repo.NewBatch(
                 stream_id=batch.live.stream_id,
-                sample=batch.result.first_sample + index,
-                batch=batch.result.first_sample,
-                t=reading.t,
-                value=reading.value if reading.values is None else None,
-                values=None if reading.values is None else dict(reading.values),
-                reference=reading.reference,
+                first_sample=batch.result.first_sample,
+                micros=batch.micros,
+                values=batch.values,
+                references=batch.references,
             )
             for batch in work
             if batch.result is not None
-            for index, reading in enumerate(batch.fresh)
         ]
-        if reading_repo.insert_many(session, rows) != len(rows):
+        if reading_repo.insert_batches(session, stored) != len(stored):
             raise ConflictError(
                 "a stream received readings from another request meanwhile; re-send the batch",
                 reason="conflict",
@@ -525,9 +513,10 @@ class StreamEngine:
     def _values(self, live: LiveStream, readings: Sequence[ReadingIn]) -> np.ndarray:
         """(N, C) with NaN for nulls; a reading names the stream's channels or nothing else."""
         channels = live.channels
-        if len(channels) == 1 and all(reading.values is None for reading in readings):
-            single = [math.nan if r.value is None else r.value for r in readings]
-            return np.array(single, dtype=np.float64).reshape(-1, 1)
+        if len(channels) == 1:
+            single = [reading.value for reading in readings if reading.values is None]
+            if len(single) == len(readings):  # numpy makes None NaN
+                return np.array(single, dtype=np.float64).reshape(-1, 1)
         out = np.full((len(readings), len(channels)), np.nan)
         for index, reading in enumerate(readings):
             if reading.values is not None:
@@ -559,14 +548,14 @@ class StreamEngine:
     def _references(self, live: LiveStream, readings: Sequence[ReadingIn]) -> np.ndarray | None:
         given = [reading.reference for reading in readings]
         if not live.has_reference:
-            if any(reference is not None for reference in given):
+            if given.count(None) != len(given):
                 raise DataError(
                     f"stream {live.stream_id!r} is not configured with has_reference; "
                     "drop 'reference' or reconfigure the stream",
                     reason="invalid",
                 )
             return None
-        return np.array([math.nan if r is None else r for r in given], dtype=np.float64)
+        return np.array(given, dtype=np.float64)  # None becomes NaN
 
     def _check_resent(
         self,
@@ -587,7 +576,8 @@ class StreamEngine:
                     f"last accepted reading ({live.last_t.isoformat() if live.last_t else '-'})",
                     reason="conflict",
                 )
-            if not _same_reading(previous, live.channels, values[index], reading.reference):
+            same = np.array_equal(previous.values, values[index], equal_nan=True)
+            if not same or previous.reference != reading.reference:
                 raise ConflictError(
                     f"readings[{index}] at {reading.t.isoformat()} was accepted before with "
                     "another value; accepted readings cannot change",
@@ -607,12 +597,10 @@ class StreamEngine:
         def time_of(sample: int) -> datetime:
             if sample >= first:
                 return fresh[sample - first].t
-            stored = reading_repo.by_sample(
-                session, stream_id=live.stream_id, start=sample, stop=sample + 1
-            )
-            if not stored:
+            stored = reading_repo.time_of(session, stream_id=live.stream_id, sample=sample)
+            if stored is None:
                 raise DataError(f"no stored reading for sample {sample}")
-            return stored[0].t
+            return stored
 
         actions: list[tuple[int, int, AlarmEvent]] = [(e.start, 1, e) for e in result.opened]
         actions += [(e.cleared_at or 0, 0, e) for e in result.closed]
@@ -697,18 +685,3 @@ class StreamEngine:
         with self.stream_lock(stream.id):
             live = self.live(session, stream)
             return live.processor.forecast_ahead(live.state, horizon), live.last_t
-
-
-def _stored_values(stored: Reading, channels: list[str]) -> list[float]:
-    """A stored reading as the engine's row of channel values (NaN for null)."""
-    if stored.values is not None:
-        return [math.nan if stored.values.get(c) is None else stored.values[c] for c in channels]
-    return [math.nan if stored.value is None else stored.value]
-
-
-def _same_reading(
-    stored: Reading, channels: list[str], values: np.ndarray, reference: float | None
-) -> bool:
-    previous = np.array(_stored_values(stored, channels))
-    same_values = bool(np.array_equal(previous, values, equal_nan=True))
-    return same_values and stored.reference == reference

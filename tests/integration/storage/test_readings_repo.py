@@ -1,28 +1,37 @@
-"""Readings: idempotent batch insert on (stream, t) and the look-ups the engine needs."""
+"""Readings packed per batch: idempotent insert on (stream, first sample), exact round trips of
+times and numbers (NaN for a missing one), and the look-ups the engine needs."""
 
 from __future__ import annotations
 
+import math
+import zoneinfo
 from datetime import UTC, datetime, timedelta, timezone
 
+import numpy as np
 import pytest
-from sqlalchemy import select, text
+from pydantic import TypeAdapter
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 from sqlalchemy.orm import Session
 
 from app.storage.db import Database
-from app.storage.models import Reading
+from app.storage.models import ReadingBatch
 from app.storage.repositories import readings as reading_repo
-from app.storage.repositories.readings import NewReading
+from app.storage.repositories.readings import NewBatch
 from tests.integration.conftest import T0, make_stream
 
 
-def at(sample: int, stream_id: str = "pump-1") -> NewReading:
-    return NewReading(
+def time_at(sample: int) -> datetime:
+    return T0 + timedelta(seconds=sample / 10)
+
+
+def batch(first: int, count: int, stream_id: str = "pump-1", *, channels: int = 1) -> NewBatch:
+    samples = np.arange(first, first + count)
+    return NewBatch(
         stream_id=stream_id,
-        sample=sample,
-        t=T0 + timedelta(seconds=sample / 10),
-        value=sample * 0.5,
-        reference=1.0,
+        first_sample=first,
+        micros=reading_repo.micros([time_at(int(i)) for i in samples]),
+        values=np.repeat(samples[:, None] * 0.5, channels, axis=1),
+        references=np.ones(count),
     )
 
 
@@ -34,107 +43,148 @@ def stream_db(database: Database) -> Database:
     return database
 
 
-def insert(session: Session, stream_id: str, samples: range) -> int:
-    return reading_repo.insert_many(session, [at(i, stream_id) for i in samples])
+def insert(session: Session, *batches: NewBatch) -> int:
+    return reading_repo.insert_batches(session, list(batches))
 
 
-def test_insert_many_skips_what_is_already_stored(stream_db: Database) -> None:
+def test_insert_skips_a_batch_whose_first_sample_is_stored(stream_db: Database) -> None:
     with stream_db.session() as session:
-        assert insert(session, "pump-1", range(5)) == 5
+        assert insert(session, batch(0, 5), batch(5, 1), batch(0, 3, "pump-2")) == 3
     with stream_db.session() as session:
-        # A re-send of 3..4 with two new readings: only the new ones are inserted.
-        assert insert(session, "pump-1", range(3, 7)) == 2
-        assert insert(session, "pump-1", range(0)) == 0
-        # Same times on another stream are not duplicates.
-        assert insert(session, "pump-2", range(3)) == 3
+        # Another request claiming sample 5 again (a concurrent writer): not inserted, and
+        # the caller learns it from the count.
+        assert insert(session, batch(5, 4), batch(6, 2)) == 1
+        assert insert(session) == 0
     with stream_db.session() as session:
-        assert reading_repo.count(session, stream_id="pump-1") == 7
+        assert reading_repo.count(session, stream_id="pump-1") == 8
         assert reading_repo.count(session, stream_id="pump-2") == 3
+        assert reading_repo.any_for(session, stream_id="pump-2")
+        assert reading_repo.count(session, stream_id="nobody") == 0
+        assert not reading_repo.any_for(session, stream_id="nobody")
 
 
-def test_a_reading_at_a_stored_time_is_skipped_whatever_its_sample(stream_db: Database) -> None:
+@pytest.mark.parametrize("channels", [1, 3])
+def test_batches_come_back_exactly_and_oldest_first(stream_db: Database, channels: int) -> None:
+    odd_times = [T0 + timedelta(microseconds=1), T0 + timedelta(days=3, microseconds=999_999)]
+    odd = NewBatch(
+        stream_id="pump-1",
+        first_sample=7,
+        micros=reading_repo.micros(odd_times),
+        values=np.array([[math.nan] * channels, [1e-300, *([-2.5] * (channels - 1))]]),
+        references=np.array([math.nan, 3.25]),
+    )
     with stream_db.session() as session:
-        reading_repo.insert_many(session, [at(0)])
-        clash = NewReading(stream_id="pump-1", sample=99, t=at(0).t, value=123.0)
-        assert reading_repo.insert_many(session, [clash]) == 0
-        stored = reading_repo.existing_at(session, stream_id="pump-1", times=[at(0).t])
-        assert stored[at(0).t].value == 0.0  # the first value stays
+        insert(session, batch(0, 4, channels=channels), odd, batch(2, 1, "pump-2"))
+        insert(session, batch(4, 3, channels=channels))
+    with stream_db.session() as session:
+        stored = reading_repo.batches_from(session, stream_id="pump-1")
+        assert [(b.first_sample, b.stop) for b in stored] == [(0, 4), (4, 7), (7, 9)]
+        assert stored[2].last_t == odd_times[1] and stored[2].last_t.tzinfo is not None
+        assert [reading_repo.datetime_at(m) for m in stored[2].micros.tolist()] == odd_times
+        np.testing.assert_array_equal(stored[2].values, odd.values)
+        np.testing.assert_array_equal(stored[2].references, odd.references)
+        np.testing.assert_array_equal(stored[0].values, batch(0, 4, channels=channels).values)
+        later = reading_repo.batches_from(session, stream_id="pump-1", first_sample=4)
+        assert [b.first_sample for b in later] == [4, 7]
 
 
-def test_existing_at_returns_stored_readings_by_time(stream_db: Database) -> None:
+def test_a_stream_without_references_stores_none(stream_db: Database) -> None:
+    plain = NewBatch("pump-1", 0, reading_repo.micros([T0]), np.array([[1.0]]), None)
     with stream_db.session() as session:
-        reading_repo.insert_many(
-            session,
-            [
-                at(0),
-                NewReading(stream_id="pump-1", sample=1, t=at(1).t, value=None, reference=None),
-                NewReading(
-                    stream_id="pump-1",
-                    sample=2,
-                    t=at(2).t,
-                    value=2.5,
-                    values={"value": 2.5, "load": None},
-                ),
-            ],
-        )
+        insert(session, plain)
     with stream_db.session() as session:
-        wanted = [at(i).t for i in (0, 1, 2, 3)]
-        found = reading_repo.existing_at(session, stream_id="pump-1", times=wanted)
-        assert sorted(found) == wanted[:3]
-        assert (found[at(0).t].value, found[at(0).t].reference) == (0.0, 1.0)
-        assert (found[at(1).t].value, found[at(1).t].reference) == (None, None)
-        assert found[at(2).t].values == {"value": 2.5, "load": None}
-        assert found[at(0).t].values is None
-        assert reading_repo.existing_at(session, stream_id="pump-2", times=wanted) == {}
+        (stored,) = reading_repo.batches_from(session, stream_id="pump-1")
+        assert stored.references is None
+        (row,) = session.query(ReadingBatch).all()
+        assert row.reference_values is None and row.count == 1
 
 
-def test_single_channel_values_are_sql_null(stream_db: Database) -> None:
+def test_existing_at_finds_readings_across_batches_by_time(stream_db: Database) -> None:
+    with_gaps = NewBatch(
+        stream_id="pump-1",
+        first_sample=30,
+        micros=reading_repo.micros([time_at(30), time_at(31)]),
+        values=np.array([[math.nan], [7.0]]),
+        references=np.array([math.nan, 2.0]),
+    )
     with stream_db.session() as session:
-        reading_repo.insert_many(session, [at(0)])
+        insert(session, batch(0, 10), batch(10, 20), with_gaps, batch(0, 40, "pump-2"))
     with stream_db.session() as session:
-        nulls = session.scalar(
-            select(text("count(*)")).select_from(Reading).where(Reading.values.is_(None))
-        )
-        assert nulls == 1
-
-
-def test_existing_at_handles_more_times_than_one_query_binds(stream_db: Database) -> None:
-    batch = [at(i) for i in range(2500)]
-    with stream_db.session() as session:
-        assert reading_repo.insert_many(session, batch) == 2500
-    with stream_db.session() as session:
-        times = [reading.t for reading in batch[::2]]
-        found = reading_repo.existing_at(session, stream_id="pump-1", times=times)
-        assert len(found) == 1250
-        assert found[batch[2498].t].sample == 2498
-
-
-def test_tail_and_by_sample_are_oldest_first(stream_db: Database) -> None:
-    with stream_db.session() as session:
-        reading_repo.insert_many(session, [at(i) for i in range(10)])
-    with stream_db.session() as session:
-        assert [r.sample for r in reading_repo.tail(session, stream_id="pump-1", limit=3)] == [
-            7,
-            8,
-            9,
+        wanted = [time_at(i) for i in (3, 9, 10, 29, 30, 31)] + [
+            time_at(32),
+            time_at(2) + timedelta(microseconds=1),
         ]
-        window = reading_repo.by_sample(session, stream_id="pump-1", start=4, stop=7)
-        assert [r.sample for r in window] == [4, 5, 6]
-        rest = reading_repo.by_sample(session, stream_id="pump-1", start=8)
-        assert [r.sample for r in rest] == [8, 9]
-        assert rest[0].t == at(8).t and rest[0].t.tzinfo is not None
+        found = reading_repo.existing_at(session, stream_id="pump-1", times=wanted)
+        assert sorted(found) == wanted[:6]
+        assert [found[t].sample for t in wanted[:6]] == [3, 9, 10, 29, 30, 31]
+        assert found[time_at(9)].values.tolist() == [4.5] and found[time_at(9)].reference == 1.0
+        assert math.isnan(found[time_at(30)].values[0]) and found[time_at(30)].reference is None
+        assert found[time_at(31)].reference == 2.0
+        assert reading_repo.existing_at(session, stream_id="pump-1", times=[]) == {}
 
 
-def test_naive_times_are_refused(stream_db: Database) -> None:
-    naive = NewReading(stream_id="pump-1", sample=0, t=at(0).t.replace(tzinfo=None), value=1.0)
-    with pytest.raises(ValueError, match="naive datetime"), stream_db.session() as session:
-        reading_repo.insert_many(session, [naive])
+def test_time_of_a_sample(stream_db: Database) -> None:
+    with stream_db.session() as session:
+        insert(session, batch(0, 10), batch(10, 5))
+    with stream_db.session() as session:
+        for sample in (0, 9, 10, 14):
+            assert reading_repo.time_of(session, stream_id="pump-1", sample=sample) == time_at(
+                sample
+            )
+        assert reading_repo.time_of(session, stream_id="pump-1", sample=15) is None
+        assert reading_repo.time_of(session, stream_id="pump-2", sample=0) is None
 
 
-def test_readings_times_are_stored_as_the_orm_stores_them() -> None:
-    """The SQLite insert formats times itself: exactly as the column type's bind processor."""
+def test_micros_are_exact_and_refuse_naive_times() -> None:
+    paris = timezone(timedelta(hours=1))
+    times = [
+        datetime(1969, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+        T0 + timedelta(microseconds=1),
+        datetime(2027, 1, 1, 0, 30, 0, 123_457, tzinfo=paris),
+        datetime(9999, 12, 31, 23, 59, 59, 999_999, tzinfo=UTC),
+    ]
+    micros = reading_repo.micros(times)
+    assert micros.dtype == np.int64
+    assert [reading_repo.datetime_at(m) for m in micros.tolist()] == times
+    with pytest.raises(ValueError, match="naive datetime"):
+        reading_repo.micros([T0, T0.replace(tzinfo=None)])
+
+
+@pytest.mark.parametrize("zone", ["pydantic Z", "pydantic +01:00", "fixed -05:00", "Europe/Paris"])
+def test_micros_of_times_in_one_zone_are_exact(zone: str) -> None:
+    """Times sharing one fixed-offset zone object (pydantic's UTC, as a request's times come)
+    take a faster path; every case stays exact, and a zone with daylight saving time is not
+    mistaken for a fixed offset."""
+    start = datetime(2026, 3, 29, 0, 30, tzinfo=UTC)  # Paris moves to summer time at 01:00 UTC
+    utc_times = [start + timedelta(minutes=15 * i, microseconds=i) for i in range(12)]
+    if zone.startswith("pydantic"):
+        offset = timedelta(hours=0 if zone.endswith("Z") else 1)
+        parsed = TypeAdapter(list[datetime]).validate_python(
+            [t.astimezone(timezone(offset)).isoformat() for t in utc_times]
+        )
+        if zone.endswith("Z"):
+            assert len({id(t.tzinfo) for t in parsed}) == 1
+    elif zone.startswith("fixed"):
+        minus_five = timezone(timedelta(hours=-5))
+        parsed = [t.astimezone(minus_five) for t in utc_times]
+    else:
+        paris = zoneinfo.ZoneInfo(zone)
+        parsed = [t.astimezone(paris) for t in utc_times]
+    expected = [(t - reading_repo.EPOCH) // timedelta(microseconds=1) for t in utc_times]
+    assert reading_repo.micros(parsed).tolist() == expected
+
+
+def test_batches_of_mismatched_shapes_are_refused(stream_db: Database) -> None:
+    wrong = NewBatch("pump-1", 0, reading_repo.micros([T0, time_at(1)]), np.zeros((3, 1)))
+    with pytest.raises(ValueError, match="shape"), stream_db.session() as session:
+        insert(session, wrong)
+
+
+def test_batch_times_are_stored_as_the_orm_stores_them() -> None:
+    """The SQLite insert formats first_t and last_t itself: exactly as the column type's bind
+    processor, so the ORM's time comparisons in `existing_at` hold."""
     dialect = sqlite_dialect.dialect()
-    column_type = Reading.__table__.c.t.type.dialect_impl(dialect)
+    column_type = ReadingBatch.__table__.c.last_t.type.dialect_impl(dialect)
     processor = column_type.bind_processor(dialect)
     assert processor is not None
     paris = timezone(timedelta(hours=1))

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import numpy as np
 import pytest
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import ConflictError, NotFoundError
 from app.storage.db import Database
-from app.storage.models import Alarm, Reading, StreamCheckpoint
+from app.storage.models import Alarm, ReadingBatch, StreamCheckpoint
 from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
@@ -85,14 +86,15 @@ def test_delete_cascades_to_alarms_checkpoint_and_readings(database: Database) -
                 state_version=1,
                 now=T0,
             )
-            reading_repo.insert_many(
-                session, [reading_repo.NewReading(stream_id=stream_id, sample=0, t=T0, value=1.0)]
+            micros = reading_repo.micros([T0])
+            reading_repo.insert_batches(
+                session, [reading_repo.NewBatch(stream_id, 0, micros, np.array([[1.0]]))]
             )
     with database.session() as session:
         stream_repo.delete(session, "doomed")
     with database.session() as session:
         assert stream_repo.get(session, "doomed") is None
-        for model in (Alarm, StreamCheckpoint, Reading):
+        for model in (Alarm, StreamCheckpoint, ReadingBatch):
             owners = session.scalars(select(model.stream_id).distinct()).all()
             assert owners == ["kept"], model.__tablename__
         assert session.scalar(select(func.count()).select_from(Alarm)) == 1

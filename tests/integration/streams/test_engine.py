@@ -91,15 +91,15 @@ def test_a_failed_commit_leaves_no_trace_in_the_live_state(
     engine: StreamEngine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     results(engine, [100])
-    real_insert = reading_repo.insert_many
+    real_insert = reading_repo.insert_batches
 
     def fail(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise OperationalError("INSERT", {}, Exception("disk I/O error"))
 
-    monkeypatch.setattr(reading_repo, "insert_many", fail)
+    monkeypatch.setattr(reading_repo, "insert_batches", fail)
     with pytest.raises(DatabaseError, match="safe to re-send"):
         engine.ingest("p", batch(100, 10))
-    monkeypatch.setattr(reading_repo, "insert_many", real_insert)
+    monkeypatch.setattr(reading_repo, "insert_batches", real_insert)
     again = engine.ingest("p", batch(100, 10))  # the retry is processed from the old state
     assert again.duplicates == 0 and len(again.accepted) == 10
     assert again.result is not None and again.result.first_sample == 100
