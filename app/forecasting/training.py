@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import functools
 import math
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -131,6 +132,7 @@ def _thread_pools() -> ThreadpoolController:
 
 
 _ONE_THREAD_FOR_GOOD = False
+_THIS_THREAD = threading.local()
 
 
 def use_one_thread() -> None:
@@ -150,6 +152,13 @@ def single_threaded() -> Iterator[None]:
     forecast 400x and a linear AR fit 70x slower (measured). A long-running process should
     call `use_one_thread` at start-up; then this is a no-op."""
     if _ONE_THREAD_FOR_GOOD:
+        if not getattr(_THIS_THREAD, "one_thread", False):
+            # OpenMP keeps the thread count per calling thread: a thread that never set it
+            # (each of the server's worker threads) runs torch's kernels with a team of the
+            # default size, whose second thread then spins beside every forecast. Measured in
+            # the service: a second core busy, ingest CPU per request doubled.
+            torch.set_num_threads(1)
+            _THIS_THREAD.one_thread = True
         yield
         return
     previous = torch.get_num_threads()
