@@ -43,6 +43,8 @@ from app.monitoring.detectors import (
 
 STATE_VERSION = 1
 DETECTOR_ORDER = ("point", "rolling_rms", "variance_floor", "cusum", "level", "mahalanobis")
+FEW_MONITORS = 24
+"""Below this many monitors `Monitor.update_many` steps them one by one (cheaper than numpy)."""
 
 
 # --- configuration (what a manifest stores) ------------------------------------------------------
@@ -269,7 +271,9 @@ class Monitor:
         """`update` on many monitors of one configuration (one per stream), one reading each:
         row i of `residuals` ((N, C), NaN: none) and of `reference_gaps` ((N,), NaN: none) for
         monitor i. Each detector kind is stepped for all the streams at once; every stream gets
-        the statistics and transitions `update` would give it. Nothing changes on bad input."""
+        the statistics and transitions `update` would give it. Nothing changes on bad input.
+        Fewer than `FEW_MONITORS` are stepped one by one: numpy's per-call overhead would cost
+        more than it saves (one monitor: 17 us alone, 170 us through numpy)."""
         if not monitors:
             return []
         config = monitors[0].config
@@ -290,6 +294,12 @@ class Monitor:
             if bad.any():
                 row = int(np.flatnonzero(bad)[0])
                 raise DataError(f"sample {monitors[row]._sample}: the {name} is infinite")
+        if count < FEW_MONITORS:
+            rows, gap_list = matrix.tolist(), gaps.tolist()
+            return [
+                monitor.update(rows[index], reference_gap=gap_list[index])
+                for index, monitor in enumerate(monitors)
+            ]
         samples = [monitor._sample for monitor in monitors]
         statistics: list[dict[str, float | None]] = [{} for _ in monitors]
         exceeded: list[dict[str, bool]] = [{} for _ in monitors]

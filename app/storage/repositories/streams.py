@@ -6,11 +6,13 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import bindparam, select
 from sqlalchemy import delete as sql_delete
-from sqlalchemy import select
 from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 
 from app.errors import ConflictError, NotFoundError
 from app.storage.models import Stream
@@ -116,19 +118,29 @@ def update(
     return stream
 
 
+# Built once and run on the session's connection: per ingest request, building the statement
+# and the ORM's execution cost five times what the UPDATE does.
+_ADVANCE = (
+    sql_update(Stream)
+    .where(Stream.id == bindparam("key"))
+    .values(sample_count=bindparam("new_sample_count"), last_t=bindparam("new_last_t"))
+)
+
+
 def advance(
     session: Session, stream_id: str, *, sample_count: int, last_t: datetime | None
 ) -> None:
     """Record that the stream has accepted `sample_count` readings, the last one at `last_t`.
 
-    One UPDATE by key, no SELECT first; raises NotFoundError if the stream is gone."""
-    result = session.execute(
-        sql_update(Stream)
-        .where(Stream.id == stream_id)
-        .values(sample_count=sample_count, last_t=last_t)
-    )
-    if getattr(result, "rowcount", 1) == 0:
+    One UPDATE by key, no SELECT first; raises NotFoundError if the stream is gone. A `Stream`
+    the session holds is brought up to date too."""
+    parameters = {"key": stream_id, "new_sample_count": sample_count, "new_last_t": last_t}
+    if session.connection().execute(_ADVANCE, parameters).rowcount == 0:
         raise NotFoundError(f"no stream {stream_id!r}", stream=stream_id)
+    held = session.identity_map.get(identity_key(Stream, stream_id))
+    if held is not None:
+        set_committed_value(held, "sample_count", sample_count)
+        set_committed_value(held, "last_t", last_t)
 
 
 def delete(session: Session, stream_id: str) -> None:

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 
 from app.errors import ArtifactError, DataError
+from app.monitoring import monitor as monitor_module
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import (
     CusumConfig,
@@ -18,6 +20,16 @@ from app.monitoring.monitor import (
     RollingRMSConfig,
     VarianceFloorConfig,
 )
+
+
+@pytest.fixture
+def monitor_module_few(monkeypatch: pytest.MonkeyPatch) -> Callable[[int], None]:
+    """Set below how many monitors `update_many` steps them one by one (0: always numpy)."""
+
+    def set_few(few: int) -> None:
+        monkeypatch.setattr(monitor_module, "FEW_MONITORS", few)
+
+    return set_few
 
 
 def config(channels: int = 1, policy: AlarmPolicy | None = None) -> MonitorConfig:
@@ -82,9 +94,14 @@ def test_update_and_run_agree_exactly_on_every_sample(seed: int, channels: int) 
     assert {e.detector for e in run.opened} >= {"point", "rolling_rms", "cusum", "level"}
 
 
+@pytest.mark.parametrize("few", [0, monitor_module.FEW_MONITORS], ids=["numpy", "default"])
 @pytest.mark.parametrize("channels", [1, 2])
-def test_many_monitors_stepped_together_equal_each_stepped_alone(channels: int) -> None:
-    """Streams at different ages (warming up, alarming, quiet), one reading each per tick."""
+def test_many_monitors_stepped_together_equal_each_stepped_alone(
+    channels: int, few: int, monitor_module_few: Callable[[int], None]
+) -> None:
+    """Streams at different ages (warming up, alarming, quiet), one reading each per tick:
+    through numpy across the streams, and by default (one by one while they are few)."""
+    monitor_module_few(few)
     streams = 12
     records = [random_stream(10 + i, 900, channels) for i in range(streams)]
     shared = config(channels)
@@ -116,7 +133,11 @@ def test_many_monitors_stepped_together_equal_each_stepped_alone(channels: int) 
     assert sum(len(events) for events in opened) > 10 * streams  # they do alarm
 
 
-def test_many_monitors_refuse_an_infinite_residual_before_changing_any() -> None:
+@pytest.mark.parametrize("few", [0, monitor_module.FEW_MONITORS], ids=["numpy", "default"])
+def test_many_monitors_refuse_an_infinite_residual_before_changing_any(
+    few: int, monitor_module_few: Callable[[int], None]
+) -> None:
+    monitor_module_few(few)
     monitors = [Monitor(config()) for _ in range(3)]
     before = [m.state_dict() for m in monitors]
     with pytest.raises(DataError, match="sample 0: the residual is infinite"):
