@@ -39,6 +39,13 @@ class LifespanState(TypedDict):
     twinwatch: AppState
 
 
+GC_THRESHOLDS = (50_000, 20, 100)
+"""The cyclic collector's thresholds while serving. A request holds thousands of objects at once
+that reference counting frees (1,000 readings, or 500 streams' results): at Python's default
+(700, 10, 10) a 500-stream tick ran a dozen young collections, a third of its CPU (measured:
+67 us per stream-reading, 43 with these). Cyclic garbage waits longer, bounded by them."""
+
+
 def register_models(database: Database, registry: ModelRegistry) -> None:
     """Record what was loaded, so alarms and audits can name the exact model version."""
     with database.session() as session:
@@ -122,6 +129,7 @@ def create_app(
         # a few hundred milliseconds in whichever request triggers one.
         gc.collect()
         gc.freeze()
+        gc.set_threshold(*GC_THRESHOLDS)
         try:
             yield {"twinwatch": state}
         finally:

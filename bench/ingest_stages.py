@@ -116,7 +116,7 @@ def instrument(timer: StageTimer) -> None:
     timer.wrap(Monitor, "from_state", "detectors: copy state")
     timer.wrap(Monitor, "state_dict", "detectors: copy state")
     timer.wrap(Monitor, "open_events", "detectors: run")
-    timer.wrap(readings, "insert_many", "readings: insert")
+    timer.wrap(readings, "insert_batches", "readings: insert")
     timer.wrap(StreamEngine, "_store_alarms", "alarm rows: select open, write")
     timer.wrap(StreamState, "to_json", "checkpoint: state to JSON")
     fake_json = SimpleNamespace(dumps=json.dumps, loads=json.loads)
@@ -202,7 +202,7 @@ def run(
                     readings_in = ReadingsIn.model_validate(data)
                 outcome = state.engine.ingest(stream, readings_in.readings)
                 with timer.stage("answer: build ReadingsOut"):
-                    answer = readings_api._answer(outcome)
+                    answer = readings_api._answer(outcome, True, ReadingsOut)
                 with timer.stage("response: serialise"):
                     response.dump_json(response.validate_python(answer))
             wall = time.perf_counter() - started

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any, TypeVar, cast
 
 from fastapi import APIRouter, Query, Response
 from pydantic import BaseModel
@@ -31,6 +32,7 @@ from app.storage.repositories import streams as stream_repo
 from app.streams.engine import IngestOutcome
 
 router = APIRouter(prefix="/v1", tags=["readings"])
+AnswerT = TypeVar("AnswerT", bound=ReadingsOut)
 
 
 def _number(value: float) -> float | None:
@@ -44,8 +46,11 @@ ResultsQuery = Query(
 )
 
 
-def _answer(outcome: IngestOutcome, with_results: bool = True) -> ReadingsOut:
-    """Built from validated numbers without validating again (`model_construct`)."""
+def _answer(
+    outcome: IngestOutcome, with_results: bool, model: type[AnswerT], **extra: Any
+) -> AnswerT:
+    """Built from validated numbers without validating again (`model_construct`); `model` and
+    `extra` make a subclass's answer (one stream's part of a many-stream answer) directly."""
     results: list[ReadingResult] = []
     result = outcome.result
     if result is not None and with_results:
@@ -68,13 +73,15 @@ def _answer(outcome: IngestOutcome, with_results: bool = True) -> ReadingsOut:
                     },
                 )
             )
-    return ReadingsOut.model_construct(
+    answer = model.model_construct(
+        **extra,
         accepted=len(outcome.accepted),
         duplicates=outcome.duplicates,
         results=results,
         opened=[AlarmOut.of(alarm) for alarm in outcome.opened],
         closed=[AlarmOut.of(alarm) for alarm in outcome.closed],
     )
+    return cast(AnswerT, answer)  # model_construct is typed as the base's
 
 
 def _ingest(
@@ -134,7 +141,7 @@ def post_readings(
     changed value for an accepted time, is refused with 409 and changes nothing.
     """
     outcomes, started = _ingest(state, [(stream_id, body.readings)])
-    return _respond(state, _answer(outcomes[0], results), started)
+    return _respond(state, _answer(outcomes[0], results, ReadingsOut), started)
 
 
 @router.post(
@@ -155,7 +162,7 @@ def post_many_readings(
     outcomes, started = _ingest(state, [(item.stream, item.readings) for item in body.streams])
     answer = ManyReadingsOut.model_construct(
         streams=[
-            StreamReadingsOut.model_construct(stream=item.stream, **dict(_answer(outcome, results)))
+            _answer(outcome, results, StreamReadingsOut, stream=item.stream)
             for item, outcome in zip(body.streams, outcomes, strict=True)
         ]
     )

@@ -37,6 +37,13 @@ def micros(times: Sequence[datetime]) -> np.ndarray:
         raise ValueError(f"naive datetime {naive!r}: give a timezone-aware UTC time") from None
 
 
+def micro(t: datetime) -> int:
+    """One timezone-aware datetime as `micros` gives it."""
+    if t.tzinfo is None or t.utcoffset() is None:
+        raise ValueError(f"naive datetime {t!r}: give a timezone-aware UTC time")
+    return (t - EPOCH) // _MICROSECOND
+
+
 def datetime_at(micro: int) -> datetime:
     """The inverse of `micros` for one time: a timezone-aware UTC datetime."""
     return EPOCH + timedelta(microseconds=micro)
@@ -98,12 +105,16 @@ def insert_batches(session: Session, batches: Sequence[NewBatch]) -> int:
         raise NotImplementedError(f"readings.insert_batches does not support {dialect}")
     # The DB-API's executemany on ready-made tuples: SQLAlchemy's per-row parameter processing
     # costs more than the insert.
-    sqlite_rows = [(*row[:3], sqlite_time(row[3]), sqlite_time(row[4]), *row[5:]) for row in rows]
+    sqlite_rows = [
+        (*row[:3], sqlite_time(datetime_at(row[3])), sqlite_time(datetime_at(row[4])), *row[5:])
+        for row in rows
+    ]
     result = session.connection().exec_driver_sql(_SQLITE_INSERT, sqlite_rows)
     return int(result.rowcount)
 
 
-_Row = tuple[str, int, int, datetime, datetime, bytes, bytes, bytes | None]
+# (stream, first sample, count, first and last time in microseconds, the three arrays)
+_Row = tuple[str, int, int, int, int, bytes, bytes, bytes | None]
 
 
 def _row(batch: NewBatch) -> _Row:
@@ -116,8 +127,8 @@ def _row(batch: NewBatch) -> _Row:
         batch.stream_id,
         batch.first_sample,
         count,
-        datetime_at(int(batch.micros[0])),
-        datetime_at(int(batch.micros[-1])),
+        int(batch.micros[0]),
+        int(batch.micros[-1]),
         batch.micros.astype(_TIMES, copy=False).tobytes(),
         batch.values.astype(_NUMBERS, copy=False).tobytes(),
         None if batch.references is None else batch.references.astype(_NUMBERS).tobytes(),
@@ -142,16 +153,21 @@ def sqlite_time(t: datetime) -> str:
 _UNNEST_INSERT = text(
     f"""
     INSERT INTO {ReadingBatch.__tablename__} ({_COLUMNS})
-    SELECT * FROM unnest(
+    SELECT u.stream_id, u.first_sample, u.count,
+        TIMESTAMPTZ 'epoch' + u.first_us * INTERVAL '1 microsecond',
+        TIMESTAMPTZ 'epoch' + u.last_us * INTERVAL '1 microsecond',
+        u.times, u.channel_values, u.reference_values
+    FROM unnest(
         CAST(CAST(:stream_ids AS text) AS text[]),
         CAST(CAST(:first_samples AS text) AS bigint[]),
         CAST(CAST(:counts AS text) AS integer[]),
-        CAST(CAST(:first_times AS text) AS timestamptz[]),
-        CAST(CAST(:last_times AS text) AS timestamptz[]),
+        CAST(CAST(:first_micros AS text) AS bigint[]),
+        CAST(CAST(:last_micros AS text) AS bigint[]),
         CAST(CAST(:times AS text) AS bytea[]),
         CAST(CAST(:channel_values AS text) AS bytea[]),
         CAST(CAST(:reference_values AS text) AS bytea[])
-    )
+    ) AS u(stream_id, first_sample, count, first_us, last_us, times, channel_values,
+        reference_values)
     ON CONFLICT DO NOTHING
     """
 )
@@ -165,8 +181,8 @@ def _insert_unnest(session: Session, rows: list[_Row]) -> int:
         "stream_ids": _array([_quoted(stream_id) for stream_id in columns[0]]),
         "first_samples": _array([str(sample) for sample in columns[1]]),
         "counts": _array([str(count) for count in columns[2]]),
-        "first_times": _array([_quoted(t.isoformat()) for t in columns[3]]),
-        "last_times": _array([_quoted(t.isoformat()) for t in columns[4]]),
+        "first_micros": _array([str(micro) for micro in columns[3]]),
+        "last_micros": _array([str(micro) for micro in columns[4]]),
         "times": _array([_hex(blob) for blob in columns[5]]),
         "channel_values": _array([_hex(blob) for blob in columns[6]]),
         "reference_values": _array([_hex(blob) for blob in columns[7]]),
