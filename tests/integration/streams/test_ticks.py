@@ -1,0 +1,134 @@
+"""A gateway's tick (one new reading for each of many streams) is validated across the streams
+at once: every stream must get exactly what it gets alone, and every refusal must be the
+per-stream one, naming the stream."""
+
+from __future__ import annotations
+
+import functools
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from app.errors import ConflictError, DataError
+from app.main import register_models
+from app.metrics import Metrics
+from app.registry import default_loader, load_models
+from app.schemas import ReadingIn
+from app.storage.db import Database
+from app.storage.repositories import streams
+from app.streams.engine import QUICK_TICKS, StreamEngine
+from tests.support.models import lab_series, stateful_lab_model
+
+MODEL = "lstm-stateful-lab"
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+STREAMS = 2 * QUICK_TICKS  # enough for the quick path, whichever streams fall back
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("models")
+    stateful_lab_model(directory, MODEL)
+    return directory
+
+
+def make_engine(database: Database, models: Path, names: list[str]) -> StreamEngine:
+    registry = load_models(models, loaded_at=T0, loader=default_loader)
+    register_models(database, registry)
+    with database.session() as session:
+        for name in names:
+            streams.create(
+                session,
+                stream_id=name,
+                model_name=MODEL,
+                channels=["value"],
+                sample_period_s=0.1,
+                has_reference=False,
+                detector_overrides={},
+                now=T0,
+            )
+    return StreamEngine(database, registry, Metrics(), checkpoint_every=97)
+
+
+@functools.cache
+def lab_values() -> list[float]:
+    return [float(x) for x in lab_series().value]
+
+
+def reading(stream: int, sample: int) -> ReadingIn:
+    """Stream i reads the lab record from its own offset; sample 40 of every stream comes after
+    a long gap (a restart), and stream 3 misses sample 30 (a null)."""
+    values = lab_values()
+    gap = timedelta(seconds=60) if sample >= 40 else timedelta(0)
+    value = None if (stream, sample) == (3, 30) else float(values[6000 + 37 * stream + sample])
+    return ReadingIn(t=T0 + timedelta(milliseconds=100 * sample) + gap, value=value)
+
+
+def test_a_tick_gives_every_stream_what_it_gets_alone(
+    database: Database, models: Path, tmp_path: Path
+) -> None:
+    together = [f"tick-{i}" for i in range(STREAMS)]
+    alone = [f"alone-{i}" for i in range(STREAMS)]
+    engine = make_engine(database, models, together + alone)
+    warm = 300
+    for i in range(STREAMS):
+        for name in (together[i], alone[i]):
+            engine.ingest(name, [reading(i, s) for s in range(-warm, 0)])
+    got: dict[str, list[tuple[float, ...]]] = {name: [] for name in together + alone}
+    for sample in range(60):
+        items = [(together[i], [reading(i, sample)]) for i in range(STREAMS)]
+        if sample == 20:  # stream 5 re-sends its last reading with the new one: per stream
+            items[5] = (together[5], [reading(5, 19), reading(5, 20)])
+        outcomes = engine.ingest_many(items)
+        assert outcomes[5].duplicates == (1 if sample == 20 else 0)
+        for i in range(STREAMS):
+            alone_outcome = engine.ingest(alone[i], [reading(i, sample)])
+            for name, outcome in ((together[i], outcomes[i]), (alone[i], alone_outcome)):
+                result = outcome.result
+                assert result is not None and len(outcome.accepted) == 1
+                statistics = tuple(float(column[0]) for column in result.statistics.values())
+                got[name].append(
+                    (float(result.forecast[0]), float(result.residual[0]), *statistics)
+                )
+    for i in range(STREAMS):
+        # Forecasts of streams stepped together come from one matrix product over the
+        # streams: float32 rounding may differ from a stream's own, within 1e-5.
+        actual, expected = np.array(got[together[i]]), np.array(got[alone[i]])
+        np.testing.assert_allclose(actual, expected, rtol=1e-5, atol=1e-6, err_msg=together[i])
+        assert np.isnan(actual).tolist() == np.isnan(expected).tolist()
+        assert engine.position(together[i]) == engine.position(alone[i])
+    assert np.isnan(np.array(got[together[3]])[30, 1])  # the null has no residual
+    restarted = np.array(got[together[0]])
+    assert np.isnan(restarted[40, 0]) and not np.isnan(restarted[39, 0])  # the gap restarted it
+
+
+def test_a_tick_refuses_a_bad_stream_with_its_own_error(database: Database, models: Path) -> None:
+    names = [f"bad-{i}" for i in range(STREAMS)]
+    engine = make_engine(database, models, names)
+    for i, name in enumerate(names):
+        engine.ingest(name, [reading(i, s) for s in range(-5, 0)])
+    before = [engine.position(name) for name in names]
+
+    future = [(name, [reading(i, 0)]) for i, name in enumerate(names)]
+    future[4] = (names[4], [ReadingIn(t=datetime.now(UTC) + timedelta(days=2), value=1.0)])
+    with pytest.raises(DataError) as refused:
+        engine.ingest_many(future)
+    assert refused.value.detail.startswith("stream 'bad-4': readings[0].t (")
+    assert "ahead of the server clock" in refused.value.detail
+
+    older = [(name, [reading(i, 0)]) for i, name in enumerate(names)]
+    older[7] = (names[7], [reading(7, -10)])  # before its last reading, never accepted
+    with pytest.raises(ConflictError) as refused:
+        engine.ingest_many(older)
+    assert refused.value.detail.startswith("stream 'bad-7': readings[0].t (")
+    assert "older than the stream's last accepted reading" in refused.value.detail
+
+    changed = [(name, [reading(i, 0)]) for i, name in enumerate(names)]
+    changed[2] = (names[2], [ReadingIn(t=reading(2, -1).t, value=123.0)])  # a changed re-send
+    with pytest.raises(ConflictError) as refused:
+        engine.ingest_many(changed)
+    assert refused.value.detail.startswith("stream 'bad-2': readings[0] at ")
+    assert "accepted before with another value" in refused.value.detail
+
+    assert [engine.position(name) for name in names] == before  # nothing moved
