@@ -17,8 +17,8 @@ from app.metrics import Metrics
 from app.registry import default_loader, load_models
 from app.schemas import ReadingIn
 from app.storage.db import Database
-from app.storage.repositories import streams
 from app.streams.engine import QUICK_TICKS, StreamEngine
+from tests.integration.conftest import make_stream
 from tests.support.models import lab_series, stateful_lab_model
 
 MODEL = "lstm-stateful-lab"
@@ -38,16 +38,7 @@ def make_engine(database: Database, models: Path, names: list[str]) -> StreamEng
     register_models(database, registry)
     with database.session() as session:
         for name in names:
-            streams.create(
-                session,
-                stream_id=name,
-                model_name=MODEL,
-                channels=["value"],
-                sample_period_s=0.1,
-                has_reference=False,
-                detector_overrides={},
-                now=T0,
-            )
+            make_stream(session, name, model=MODEL)  # the model is registered: no stand-in
     return StreamEngine(database, registry, Metrics(), checkpoint_every=97)
 
 
