@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any, TypeVar, cast
+from typing import Any
 
 from fastapi import APIRouter, Query, Response
-from pydantic import BaseModel
+from pydantic_core import to_json
 
 from app.api.deps import AppState, StateDep, WriteAccess
 from app.api.streams import StreamIdPath
@@ -22,17 +22,14 @@ from app.schemas import (
     ManyReadingsIn,
     ManyReadingsOut,
     ReadingIn,
-    ReadingResult,
     ReadingsIn,
     ReadingsOut,
-    StreamReadingsOut,
     problem_responses,
 )
 from app.storage.repositories import streams as stream_repo
 from app.streams.engine import IngestOutcome
 
 router = APIRouter(prefix="/v1", tags=["readings"])
-AnswerT = TypeVar("AnswerT", bound=ReadingsOut)
 
 
 def _number(value: float) -> float | None:
@@ -46,12 +43,11 @@ ResultsQuery = Query(
 )
 
 
-def _answer(
-    outcome: IngestOutcome, with_results: bool, model: type[AnswerT], **extra: Any
-) -> AnswerT:
-    """Built from validated numbers without validating again (`model_construct`); `model` and
-    `extra` make a subclass's answer (one stream's part of a many-stream answer) directly."""
-    results: list[ReadingResult] = []
+def _answer(outcome: IngestOutcome, with_results: bool, **extra: Any) -> dict[str, Any]:
+    """The answer as plain data, in the response model's field order (`ReadingsOut`, then
+    `extra`), serialised once by pydantic-core: byte for byte what the model gives (the API
+    tests check it), at half the cost of building a model per reading."""
+    results: list[dict[str, Any]] = []
     result = outcome.result
     if result is not None and with_results:
         names = list(result.statistics)
@@ -60,28 +56,26 @@ def _answer(
         residual = result.residual.tolist()
         imputed = result.imputed.tolist()
         for index, reading in enumerate(outcome.accepted):
-            # Every field is computed here from validated numbers: no need to validate again.
             results.append(
-                ReadingResult.model_construct(
-                    t=reading.t,
-                    forecast=_number(forecast[index]),
-                    residual=_number(residual[index]),
-                    imputed=imputed[index],
-                    statistics={
+                {
+                    "t": reading.t,
+                    "forecast": _number(forecast[index]),
+                    "residual": _number(residual[index]),
+                    "imputed": imputed[index],
+                    "statistics": {
                         name: _number(column[index])
                         for name, column in zip(names, columns, strict=True)
                     },
-                )
+                }
             )
-    answer = model.model_construct(
+    return {
+        "accepted": len(outcome.accepted),
+        "duplicates": outcome.duplicates,
+        "results": results,
+        "opened": [AlarmOut.of(alarm).model_dump() for alarm in outcome.opened],
+        "closed": [AlarmOut.of(alarm).model_dump() for alarm in outcome.closed],
         **extra,
-        accepted=len(outcome.accepted),
-        duplicates=outcome.duplicates,
-        results=results,
-        opened=[AlarmOut.of(alarm) for alarm in outcome.opened],
-        closed=[AlarmOut.of(alarm) for alarm in outcome.closed],
-    )
-    return cast(AnswerT, answer)  # model_construct is typed as the base's
+    }
 
 
 def _ingest(
@@ -116,10 +110,10 @@ def _ingest(
         raise
 
 
-def _respond(state: AppState, answer: BaseModel, started: float) -> Response:
-    # Serialised here, once: returned as a model, FastAPI would validate the answer again
-    # against `response_model` (which stays for the OpenAPI schema).
-    body_bytes = answer.model_dump_json().encode()
+def _respond(state: AppState, answer: dict[str, Any], started: float) -> Response:
+    # Serialised here, once: returned as data, FastAPI would validate the answer against
+    # `response_model` (which stays for the OpenAPI schema) and encode it again.
+    body_bytes = to_json(answer)
     state.metrics.ingest_duration.observe(time.perf_counter() - started)
     return Response(content=body_bytes, media_type="application/json")
 
@@ -141,7 +135,7 @@ def post_readings(
     changed value for an accepted time, is refused with 409 and changes nothing.
     """
     outcomes, started = _ingest(state, [(stream_id, body.readings)])
-    return _respond(state, _answer(outcomes[0], results, ReadingsOut), started)
+    return _respond(state, _answer(outcomes[0], results), started)
 
 
 @router.post(
@@ -160,12 +154,12 @@ def post_many_readings(
     is about in `stream`.
     """
     outcomes, started = _ingest(state, [(item.stream, item.readings) for item in body.streams])
-    answer = ManyReadingsOut.model_construct(
-        streams=[
-            _answer(outcome, results, StreamReadingsOut, stream=item.stream)
+    answer = {
+        "streams": [
+            _answer(outcome, results, stream=item.stream)
             for item, outcome in zip(body.streams, outcomes, strict=True)
         ]
-    )
+    }
     return _respond(state, answer, started)
 
 

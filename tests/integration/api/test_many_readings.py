@@ -19,6 +19,7 @@ from app.forecasting.artifacts import load_model
 from app.main import create_app
 from app.monitoring.evaluation import monitor_record, record_inputs
 from app.monitoring.monitor import MonitorConfig
+from app.schemas import ManyReadingsOut
 from app.series import Series
 from app.settings import Settings
 from app.storage.db import Database
@@ -97,6 +98,8 @@ def test_streams_stepped_together_equal_the_offline_evaluation(
     for sample in range(START, STOP):
         response = tick(client, [(s, [reading(series, sample)]) for s in STREAMS[:2]])
         assert response.status_code == 200, response.text
+        modelled = ManyReadingsOut.model_validate_json(response.content).model_dump_json()
+        assert response.content == modelled.encode()  # plain data, as the model serialises
         for answer in response.json()["streams"]:
             assert answer["accepted"] == 1
             residuals[answer["stream"]].extend(

@@ -19,6 +19,7 @@ from app.forecasting.artifacts import load_model
 from app.main import create_app
 from app.monitoring.evaluation import monitor_record, record_inputs
 from app.monitoring.monitor import MonitorConfig
+from app.schemas import ReadingsOut
 from app.series import Series
 from app.settings import Settings
 from app.storage.db import Database
@@ -78,6 +79,9 @@ def stream_in_batches(client: TestClient, series: Series, size: int) -> list[dic
     for start in range(START, STOP, size):
         response = post(client, {"readings": readings(series, start, min(start + size, STOP))})
         assert response.status_code == 200, response.text
+        # Built as plain data: byte for byte what the response model serialises.
+        modelled = ReadingsOut.model_validate_json(response.content).model_dump_json()
+        assert response.content == modelled.encode()
         results.extend(response.json()["results"])
     return results
 
