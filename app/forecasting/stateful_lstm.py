@@ -67,7 +67,7 @@ STATE_FORMAT = 1
 TorchState = tuple[torch.Tensor, torch.Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: one per stream and reading, a frozen init costs 2x
 class LSTMState:
     """(h, c) of every stream: each (layers, streams, hidden) float32. Row i of the batch axis
     is stream i; `select` and `stack` regroup streams for cross-stream batching."""

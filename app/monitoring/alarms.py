@@ -17,6 +17,8 @@ quiet, and quiet samples can only close an event): same code, same events, far f
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,6 +156,40 @@ class AlarmRule:
             closed = self._close_if_quiet(ordinal, lambda _: sample)
         self._forget_old()
         return opened, closed
+
+    @staticmethod
+    def observe_many(
+        rules: Sequence[AlarmRule],
+        rows: Sequence[int],
+        samples: Sequence[int],
+        statistics: Sequence[float],
+        exceeded: Sequence[bool],
+        *,
+        opened: dict[int, list[AlarmEvent]],
+        closed: dict[int, list[AlarmEvent]],
+        still_open: set[int],
+    ) -> None:
+        """`observe` on many rules (one per stream, each with its own sample): the events each
+        opens or closes go to `opened`/`closed` under its row, and the rows left with an open
+        event into `still_open`. A NaN statistic is no sample (the rule is skipped)."""
+        for rule, row, sample, statistic, is_over in zip(
+            rules, rows, samples, statistics, exceeded, strict=True
+        ):
+            if not is_over and rule._open is None and not rule._recent:
+                if statistic == statistic:  # not NaN
+                    rule._seen += 1  # the common case of `observe`, without its call
+                continue
+            if math.isnan(statistic):  # no sample: the rule holds
+                if rule._open is not None:
+                    still_open.add(row)
+                continue
+            event_opened, event_closed = rule.observe(sample, statistic, is_over)
+            if event_opened is not None:
+                opened.setdefault(row, []).append(event_opened)
+            if event_closed is not None:
+                closed.setdefault(row, []).append(event_closed)
+            if rule._open is not None:
+                still_open.add(row)
 
     # -- batch --
 

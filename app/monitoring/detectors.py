@@ -24,7 +24,7 @@ import math
 from abc import ABC, abstractmethod
 from array import array
 from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, Literal, TypeGuard, TypeVar
+from typing import Any, ClassVar, Literal, TypeGuard, TypeVar, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -150,13 +150,17 @@ class Detector(ABC):
         """Advance by many valid inputs at once; their statistics, NaN while warming up."""
 
     @classmethod
-    def update_many(cls, detectors: Sequence[Detector], values: Any) -> FloatArray:
+    def update_many(
+        cls, detectors: Sequence[Detector], values: Any, *, alike: bool = False
+    ) -> FloatArray:
         """`update` on many detectors of this kind and configuration (one per stream), one
         valid input each (row i of `values` for detector i); NaN while one warms up.
 
         The forms below compute the same formula for all the streams at once, over numpy
         columns across the streams, so each statistic is the one `update` gives bit for bit
-        (see the module's note on exactness)."""
+        (see the module's note on exactness). `alike`: the caller vouches that the detectors
+        share their kind and configuration (those of one monitor configuration do), which
+        spares checking it detector by detector."""
         out = [detector.update(value) for detector, value in zip(detectors, values, strict=True)]
         return np.array([math.nan if x is None else x for x in out], dtype=np.float64)
 
@@ -186,7 +190,9 @@ class PointDetector(Detector):
         return _abs(values)
 
     @classmethod
-    def update_many(cls, detectors: Sequence[Detector], values: Any) -> FloatArray:
+    def update_many(
+        cls, detectors: Sequence[Detector], values: Any, *, alike: bool = False
+    ) -> FloatArray:
         return _abs(np.asarray(values, dtype=np.float64))
 
 
@@ -231,10 +237,18 @@ class _RollingDetector(Detector):
         return out
 
     @classmethod
-    def update_many(cls, detectors: Sequence[Detector], values: Any) -> FloatArray:
-        rolling = [d for d in detectors if isinstance(d, _RollingDetector)]
+    def update_many(
+        cls, detectors: Sequence[Detector], values: Any, *, alike: bool = False
+    ) -> FloatArray:
+        rolling = (
+            cast("Sequence[_RollingDetector]", detectors)
+            if alike
+            else [d for d in detectors if isinstance(d, _RollingDetector)]
+        )
         window = rolling[0].window if rolling else 0
-        if len(rolling) != len(detectors) or any(d.window != window for d in rolling):
+        if not alike and (
+            len(rolling) != len(detectors) or any(d.window != window for d in rolling)
+        ):
             return super().update_many(detectors, values)
         out = np.full(len(rolling), np.nan)
         full_rows: list[int] = []
@@ -359,13 +373,21 @@ class CusumDetector(Detector):
         return np.asarray(out, dtype=np.float64)
 
     @classmethod
-    def update_many(cls, detectors: Sequence[Detector], values: Any) -> FloatArray:
-        cusums = [d for d in detectors if isinstance(d, CusumDetector)]
+    def update_many(
+        cls, detectors: Sequence[Detector], values: Any, *, alike: bool = False
+    ) -> FloatArray:
+        cusums = (
+            cast("Sequence[CusumDetector]", detectors)
+            if alike
+            else [d for d in detectors if isinstance(d, CusumDetector)]
+        )
         first = cusums[0] if cusums else None
-        if (
-            first is None
-            or len(cusums) != len(detectors)
-            or any(d._settings() != first._settings() for d in cusums)
+        if first is None or (
+            not alike
+            and (
+                len(cusums) != len(detectors)
+                or any(d._settings() != first._settings() for d in cusums)
+            )
         ):
             return super().update_many(detectors, values)
         increments = cusum_increment(
@@ -423,12 +445,17 @@ class MahalanobisDetector(Detector):
         return whitened_square(self.whitening, _columns(values))
 
     @classmethod
-    def update_many(cls, detectors: Sequence[Detector], values: Any) -> FloatArray:
+    def update_many(
+        cls, detectors: Sequence[Detector], values: Any, *, alike: bool = False
+    ) -> FloatArray:
         first = detectors[0] if detectors else None
-        if not isinstance(first, MahalanobisDetector) or any(
-            not isinstance(d, MahalanobisDetector)
-            or not np.array_equal(d.whitening, first.whitening)
-            for d in detectors
+        if not isinstance(first, MahalanobisDetector) or (
+            not alike
+            and any(
+                not isinstance(d, MahalanobisDetector)
+                or not np.array_equal(d.whitening, first.whitening)
+                for d in detectors
+            )
         ):
             return super().update_many(detectors, values)
         return first.batch(np.asarray(values, dtype=np.float64))

@@ -19,7 +19,7 @@ infinite residual or gap is refused with a DataError: it would poison every runn
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -184,6 +184,61 @@ class MonitorStep:
 
 
 @dataclass(frozen=True)
+class MonitorSteps:
+    """`Monitor.update_many`'s results as columns over the monitors (row i: monitor i):
+    statistics NaN where `update` gives None; transitions only for the rows that had one, and
+    the rows left with an open event (they alone need `open_events`)."""
+
+    samples: list[int]
+    statistics: dict[str, FloatArray]
+    exceeded: dict[str, NDArray[np.bool_]]
+    opened: dict[int, list[AlarmEvent]]
+    closed: dict[int, list[AlarmEvent]]
+    still_open: set[int]
+
+    @classmethod
+    def of(cls, steps: Sequence[MonitorStep], monitors: Sequence[Monitor]) -> MonitorSteps:
+        kinds = list(steps[0].statistics) if steps else []
+        return cls(
+            samples=[step.sample for step in steps],
+            statistics={
+                kind: np.array(
+                    [math.nan if (x := step.statistics[kind]) is None else x for step in steps],
+                    dtype=np.float64,
+                )
+                for kind in kinds
+            },
+            exceeded={kind: np.array([step.exceeded[kind] for step in steps]) for kind in kinds},
+            opened={row: step.opened for row, step in enumerate(steps) if step.opened},
+            closed={row: step.closed for row, step in enumerate(steps) if step.closed},
+            still_open={
+                row
+                for row, monitor in enumerate(monitors)
+                if any(rule.is_open for rule in monitor.rules.values())
+            },
+        )
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def step(self, row: int) -> MonitorStep:
+        """Row `row` as `update` gives it."""
+        return MonitorStep(
+            self.samples[row],
+            {
+                kind: None if math.isnan(x := float(column[row])) else x
+                for kind, column in self.statistics.items()
+            },
+            {kind: bool(column[row]) for kind, column in self.exceeded.items()},
+            list(self.opened.get(row, [])),
+            list(self.closed.get(row, [])),
+        )
+
+    def __iter__(self) -> Iterator[MonitorStep]:
+        return (self.step(row) for row in range(len(self)))
+
+
+@dataclass(frozen=True)
 class MonitorRun:
     """A batch: per-detector statistic (NaN = none) and exceedance arrays, and the transitions."""
 
@@ -219,6 +274,10 @@ class Monitor:
             for d in ordered
         }
         self._sample = 0
+        # The same, as tuples in the detectors' order: `update_many` transposes a tick's
+        # monitors into one tuple per kind with a single zip.
+        self._detector_tuple = tuple(self.detectors.values())
+        self._rule_tuple = tuple(self.rules.values())
 
     @property
     def sample(self) -> int:
@@ -267,15 +326,16 @@ class Monitor:
         monitors: Sequence[Monitor],
         residuals: NDArray[np.float64],
         reference_gaps: NDArray[np.float64] | None = None,
-    ) -> list[MonitorStep]:
+    ) -> MonitorSteps:
         """`update` on many monitors of one configuration (one per stream), one reading each:
         row i of `residuals` ((N, C), NaN: none) and of `reference_gaps` ((N,), NaN: none) for
-        monitor i. Each detector kind is stepped for all the streams at once; every stream gets
-        the statistics and transitions `update` would give it. Nothing changes on bad input.
-        Fewer than `FEW_MONITORS` are stepped one by one: numpy's per-call overhead would cost
-        more than it saves (one monitor: 17 us alone, 170 us through numpy)."""
+        monitor i. Each detector kind is stepped for all the streams at once and the results
+        come back as columns; every stream gets the statistics and transitions `update` would
+        give it. Nothing changes on bad input. Fewer than `FEW_MONITORS` are stepped one by
+        one: numpy's per-call overhead would cost more than it saves (one monitor: 17 us
+        alone, 170 us through numpy)."""
         if not monitors:
-            return []
+            return MonitorSteps([], {}, {}, {}, {}, set())
         config = monitors[0].config
         matrix = np.asarray(residuals, dtype=np.float64)
         if matrix.ndim == 1:
@@ -295,45 +355,59 @@ class Monitor:
                 row = int(np.flatnonzero(bad)[0])
                 raise DataError(f"sample {monitors[row]._sample}: the {name} is infinite")
         if count < FEW_MONITORS:
-            rows, gap_list = matrix.tolist(), gaps.tolist()
-            return [
-                monitor.update(rows[index], reference_gap=gap_list[index])
-                for index, monitor in enumerate(monitors)
-            ]
-        samples = [monitor._sample for monitor in monitors]
-        statistics: list[dict[str, float | None]] = [{} for _ in monitors]
-        exceeded: list[dict[str, bool]] = [{} for _ in monitors]
-        opened: list[list[AlarmEvent]] = [[] for _ in monitors]
-        closed: list[list[AlarmEvent]] = [[] for _ in monitors]
-        for kind, first in monitors[0].detectors.items():
-            inputs, valid = _inputs(first, matrix, gaps)
-            rows = np.flatnonzero(valid).tolist()
-            statistic = np.full(count, np.nan)
-            if rows:
-                detectors = [monitors[row].detectors[kind] for row in rows]
-                statistic[rows] = type(first).update_many(detectors, inputs[rows])
-            over = first.exceeds(statistic).tolist()
-            for row, value, is_over in zip(range(count), statistic.tolist(), over, strict=True):
-                if math.isnan(value):
-                    statistics[row][kind] = None
-                    exceeded[row][kind] = False
-                    continue
-                statistics[row][kind] = value
-                exceeded[row][kind] = is_over
-                event_opened, event_closed = (
-                    monitors[row].rules[kind].observe(samples[row], value, is_over)
-                )
-                if event_opened is not None:
-                    opened[row].append(event_opened)
-                if event_closed is not None:
-                    closed[row].append(event_closed)
-        steps = []
-        for row, monitor in enumerate(monitors):
-            monitor._sample += 1
-            steps.append(
-                MonitorStep(samples[row], statistics[row], exceeded[row], opened[row], closed[row])
+            row_list, gap_list = matrix.tolist(), gaps.tolist()
+            return MonitorSteps.of(
+                [
+                    monitor.update(row_list[index], reference_gap=gap_list[index])
+                    for index, monitor in enumerate(monitors)
+                ],
+                monitors,
             )
-        return steps
+        samples = [monitor._sample for monitor in monitors]
+        statistics: dict[str, FloatArray] = {}
+        exceeded: dict[str, NDArray[np.bool_]] = {}
+        opened: dict[int, list[AlarmEvent]] = {}
+        closed: dict[int, list[AlarmEvent]] = {}
+        still_open: set[int] = set()
+        detectors_by_kind = zip(*(monitor._detector_tuple for monitor in monitors), strict=True)
+        rules_by_kind = zip(*(monitor._rule_tuple for monitor in monitors), strict=True)
+        detectors: Sequence[Detector]
+        rules: Sequence[AlarmRule]
+        for (kind, first), detectors, rules in zip(
+            monitors[0].detectors.items(), detectors_by_kind, rules_by_kind, strict=True
+        ):
+            inputs, valid = _inputs(first, matrix, gaps)
+            statistic = np.full(count, np.nan)
+            over = np.zeros(count, dtype=bool)
+            statistics[kind], exceeded[kind] = statistic, over
+            rows: Sequence[int]
+            if valid.all():
+                rows = range(count)
+            else:  # rows without an input: their rule holds, open or not
+                rows = np.flatnonzero(valid).tolist()
+                still_open.update(
+                    row for row in np.flatnonzero(~valid).tolist() if rules[row].is_open
+                )
+                if not rows:
+                    continue
+                detectors, rules = [detectors[r] for r in rows], [rules[r] for r in rows]
+                inputs = inputs[rows]
+            values = type(first).update_many(detectors, inputs, alike=True)
+            statistic[rows] = values
+            over[:] = first.exceeds(statistic)
+            AlarmRule.observe_many(
+                rules,
+                rows,
+                samples if len(rows) == count else [samples[row] for row in rows],
+                values.tolist(),
+                over[rows].tolist(),
+                opened=opened,
+                closed=closed,
+                still_open=still_open,
+            )
+        for monitor in monitors:
+            monitor._sample += 1
+        return MonitorSteps(samples, statistics, exceeded, opened, closed, still_open)
 
     def _vector(self, residual: float | Sequence[float]) -> list[float]:
         if isinstance(residual, int | float):

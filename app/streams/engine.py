@@ -14,9 +14,9 @@ import json
 import logging
 import threading
 import zlib
-from collections.abc import Sequence
-from contextlib import ExitStack
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -88,6 +88,19 @@ class LiveStream:
     last_t: datetime | None
     checkpoint_due: int  # write the next checkpoint once the stream has seen this many readings
     series: StreamSeries | None = None  # its Prometheus series (None: not published)
+    # The peak of each alarm open after the last batch, as its row holds it: a batch that
+    # moves none touches no alarm row.
+    open_peaks: dict[str, float] = field(default_factory=dict)
+    last_micro: int | None = field(init=False)  # `last_t` as `reading_repo.micro` gives it
+
+    def __post_init__(self) -> None:
+        self.last_micro = None if self.last_t is None else reading_repo.micro(self.last_t)
+        self.open_peaks = self.state.monitor.open_peaks()
+
+    def moved_to(self, last_t: datetime, micro: int | None = None) -> None:
+        """The stream's last accepted reading is now at `last_t` (`micro`, if known)."""
+        self.last_t = last_t
+        self.last_micro = reading_repo.micro(last_t) if micro is None else micro
 
     @property
     def detectors(self) -> list[str]:
@@ -108,7 +121,7 @@ class StreamView:
     active: set[str]
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # (frozen would double the cost of one per stream and request)
 class IngestOutcome:
     accepted: list[ReadingIn]
     duplicates: int
@@ -117,7 +130,7 @@ class IngestOutcome:
     closed: list[Alarm]
 
 
-@dataclass
+@dataclass(slots=True)
 class _Batch:
     """One stream's part of a request, validated and ready to process."""
 
@@ -128,7 +141,6 @@ class _Batch:
     values: np.ndarray  # (fresh, C)
     references: np.ndarray | None
     restart: np.ndarray
-    peaks_before: dict[str, float]  # of the alarms open before the batch
     result: BatchResult | None = None
 
 
@@ -170,6 +182,21 @@ class StreamEngine:
         """One request at a time per stream (SQLite has no row locks; this is the lock)."""
         with self._guard:
             return self._stream_locks.setdefault(stream_id, threading.Lock())
+
+    @contextmanager
+    def _stream_locks_held(self, ids: list[str]) -> Iterator[None]:
+        """Every stream's lock, taken in a fixed order (two requests never deadlock)."""
+        with self._guard:
+            locks = [self._stream_locks.setdefault(i, threading.Lock()) for i in sorted(ids)]
+        held: list[threading.Lock] = []
+        try:
+            for lock in locks:
+                lock.acquire()
+                held.append(lock)
+            yield
+        finally:
+            for lock in reversed(held):
+                lock.release()
 
     def forget(self, stream_id: str) -> None:
         """Drop the in-memory state (after a reconfiguration, a delete or a failed commit);
@@ -261,17 +288,18 @@ class StreamEngine:
                     f"stream {live.stream_id!r}: readings from sample {live.state.samples} "
                     "are missing"
                 )
-            restart = self._restarts(live.last_t, batch.micros, live.sample_period_s)
+            restart = self._restarts(live.last_micro, batch.micros, live.sample_period_s)
             references = batch.references if live.has_reference else None
             live.processor.advance(live.state, batch.values, references, restart)
-            live.last_t = batch.last_t
+            live.moved_to(batch.last_t)
 
-    def _restarts(self, last_t: datetime | None, micros: np.ndarray, period: float) -> np.ndarray:
-        """True where a reading follows the previous one by more than `max_gap` periods."""
+    def _restarts(self, last: int | None, micros: np.ndarray, period: float) -> np.ndarray:
+        """True where a reading follows the previous one (at `last` microseconds) by more than
+        `max_gap` periods."""
         if not len(micros):
             return np.zeros(0, dtype=bool)
         limit = self.max_gap * period
-        previous = int(micros[0]) if last_t is None else reading_repo.micro(last_t)
+        previous = int(micros[0]) if last is None else last
         if len(micros) == 1:  # a gateway's tick: numpy on one number costs more than Python
             return np.array([(int(micros[0]) - previous) / 1e6 > limit])
         gaps = np.diff(micros, prepend=previous) / 1e6  # exactly timedelta.total_seconds()
@@ -348,9 +376,7 @@ class StreamEngine:
                 reason="invalid",
             )
         touched: list[str] = []
-        with ExitStack() as locks:
-            for stream_id in sorted(ids):  # a fixed order: two requests never deadlock
-                locks.enter_context(self.stream_lock(stream_id))
+        with self._stream_locks_held(ids):
             try:
                 with self.database.session() as session:
                     lives = self._lives(session, ids)
@@ -371,7 +397,7 @@ class StreamEngine:
                 raise
             for batch, outcome in zip(prepared, outcomes, strict=True):
                 if batch.fresh:
-                    batch.live.last_t = batch.fresh[-1].t
+                    batch.live.moved_to(batch.fresh[-1].t, int(batch.micros[-1]))
                     if batch.live.state.samples >= batch.live.checkpoint_due:
                         batch.live.checkpoint_due = batch.live.state.samples + self.checkpoint_every
                 self._publish(batch.live, outcome)
@@ -384,7 +410,8 @@ class StreamEngine:
         writes. Another process writing the same stream (the service runs one) still cannot
         corrupt it: its readings would claim sample numbers already stored, the insert would
         come back short, and the request is refused with 409 and rolled back."""
-        cached = [self._cached(stream_id) for stream_id in ids]
+        with self._guard:
+            cached = [self._live.get(stream_id) for stream_id in ids]
         missing = [stream_id for stream_id, live in zip(ids, cached, strict=True) if live is None]
         rows = {row.id: row for row in stream_repo.require_many(session, missing)}
         return [
@@ -434,7 +461,7 @@ class StreamEngine:
         streams = [lives[row] for row in rows]
         never = np.iinfo(np.int64).min
         last = np.array(
-            [never if s.last_t is None else reading_repo.micro(s.last_t) for s in streams],
+            [never if s.last_micro is None else s.last_micro for s in streams],
             dtype=np.int64,
         )
         limits = np.array([self.max_gap * s.sample_period_s for s in streams])
@@ -450,7 +477,6 @@ class StreamEngine:
                 values=values[k : k + 1],
                 references=None,
                 restart=restart[k : k + 1],
-                peaks_before=live.state.monitor.open_peaks(),
             )
             for k, (row, live, reading, ok) in enumerate(
                 zip(rows, streams, readings, fresh.tolist(), strict=True)
@@ -509,8 +535,7 @@ class StreamEngine:
             micros=micros[resent:],
             values=values[resent:],
             references=None if references is None else references[resent:],
-            restart=self._restarts(last_t, micros[resent:], live.sample_period_s),
-            peaks_before=live.state.monitor.open_peaks(),
+            restart=self._restarts(live.last_micro, micros[resent:], live.sample_period_s),
         )
 
     def _process(self, session: Session, batches: list[_Batch]) -> list[IngestOutcome]:
@@ -518,7 +543,7 @@ class StreamEngine:
         work = [batch for batch in batches if batch.fresh]
         by_processor: dict[int, list[_Batch]] = {}
         for batch in work:
-            by_processor.setdefault(id(batch.live.processor.forecaster), []).append(batch)
+            by_processor.setdefault(id(batch.live.processor), []).append(batch)
         for group in by_processor.values():
             results = group[0].live.processor.advance_many(
                 [(b.live.state, b.values, b.references, b.restart) for b in group]
@@ -546,7 +571,12 @@ class StreamEngine:
             if batch.result is None:
                 outcomes.append(IngestOutcome([], batch.resent, None, [], []))
                 continue
-            opened, closed = self._store_alarms(session, batch)
+            result = batch.result
+            opened, closed = (
+                self._store_alarms(session, batch)
+                if result.opened or result.closed or result.open_events or batch.live.open_peaks
+                else ([], [])  # the common case: quiet, nothing open
+            )
             if batch.live.state.samples >= batch.live.checkpoint_due:
                 self._save_checkpoint(session, batch.live, force=True, last_t=batch.fresh[-1].t)
             outcomes.append(IngestOutcome(batch.fresh, batch.resent, batch.result, opened, closed))
@@ -661,8 +691,6 @@ class StreamEngine:
         """Open and close alarm rows in sample order; refresh the peaks of those still open."""
         live, fresh, result = batch.live, batch.fresh, batch.result
         assert result is not None
-        if not (result.opened or result.closed or result.open_events):
-            return [], []  # the common case: quiet, nothing open
         first = result.first_sample
 
         def time_of(sample: int) -> datetime:
@@ -678,7 +706,9 @@ class StreamEngine:
         actions.sort(key=lambda action: (action[0], action[1]))
         opened: list[Alarm] = []
         closed: list[Alarm] = []
-        peaks_moved = any(batch.peaks_before.get(e.detector) != e.peak for e in result.open_events)
+        peaks = {event.detector: event.peak for event in result.open_events}
+        peaks_moved = peaks != live.open_peaks
+        live.open_peaks = peaks  # (a failed commit drops the live state: it is rebuilt)
         if not actions and not peaks_moved:
             return opened, closed  # the common case: no alarm row to touch, no query
         rows: dict[str, Alarm] = {

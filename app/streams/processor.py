@@ -43,10 +43,12 @@ from app.forecasting.stateful_lstm import (
     state_to_json,
 )
 from app.monitoring.alarms import AlarmEvent
-from app.monitoring.monitor import Monitor, MonitorConfig, MonitorStep
+from app.monitoring.monitor import Monitor, MonitorConfig, MonitorSteps
 
 STATE_VERSION = 1
 DEFAULT_MAX_GAP = 10
+STEADY_TICKS = 8
+"""From this many single readings on, `advance_many` looks for steady streams to step together."""
 DEFAULT_CHECKPOINT_EVERY = 1000
 """Readings between two checkpoints of a stream: what a restart replays at most."""
 
@@ -73,7 +75,9 @@ class StreamState:
         return StreamState(
             samples=self.samples,
             window=self.window.copy(),
-            imputed=self.imputed.copy(),
+            # A read-only array is shared (the processor's all-real window marker): never
+            # written in place, and its identity is what marks a steady stream.
+            imputed=self.imputed if not self.imputed.flags.writeable else self.imputed.copy(),
             monitor=Monitor.from_state(self.monitor.config, self.monitor.state_dict()),
             missing_run=self.missing_run,
             last_forecast=self.last_forecast,
@@ -104,19 +108,93 @@ class StreamState:
         }
 
 
-@dataclass(frozen=True)
 class BatchResult:
-    """What a batch did, one entry per reading, plus the alarm transitions it caused."""
+    """What a batch did, one entry per reading, plus the alarm transitions it caused.
+
+    The per-reading arrays of a stream stepped together with others are its rows of arrays
+    over all of them, sliced only when read: most answers (a gateway's acknowledgement) never
+    read them, and one slice per quantity and stream costs more than the step itself."""
+
+    __slots__ = ("_columns", "_rows", "_stats", "closed", "first_sample", "open_events", "opened")
 
     first_sample: int
-    forecast: np.ndarray  # NaN while warming up
-    residual: np.ndarray  # NaN without forecast or reading
-    imputed: np.ndarray  # bool: the reading was null and was imputed with its forecast
-    monitored: np.ndarray  # bool: the residual reached the detectors
-    statistics: dict[str, np.ndarray]  # detector -> statistic (NaN: none)
     opened: list[AlarmEvent]
     closed: list[AlarmEvent]
     open_events: list[AlarmEvent]  # every event open after the batch, with its peak so far
+
+    def __init__(
+        self,
+        *,
+        first_sample: int,
+        forecast: np.ndarray,  # NaN while warming up
+        residual: np.ndarray,  # NaN without forecast or reading
+        imputed: np.ndarray,  # bool: the reading was null and was imputed with its forecast
+        monitored: np.ndarray,  # bool: the residual reached the detectors
+        statistics: dict[str, np.ndarray],  # detector -> statistic (NaN: none)
+        opened: list[AlarmEvent],
+        closed: list[AlarmEvent],
+        open_events: list[AlarmEvent],
+    ) -> None:
+        columns = {
+            "forecast": forecast,
+            "residual": residual,
+            "imputed": imputed,
+            "monitored": monitored,
+        }
+        self._set(first_sample, columns, statistics, slice(None), opened, closed, open_events)
+
+    def _set(
+        self,
+        first_sample: int,
+        columns: dict[str, np.ndarray],
+        statistics: dict[str, np.ndarray],
+        rows: slice,
+        opened: list[AlarmEvent],
+        closed: list[AlarmEvent],
+        open_events: list[AlarmEvent],
+    ) -> None:
+        self.first_sample = first_sample
+        self._columns, self._stats, self._rows = columns, statistics, rows
+        self.opened, self.closed, self.open_events = opened, closed, open_events
+
+    @classmethod
+    def row_of(
+        cls,
+        row: int,
+        first_sample: int,
+        columns: dict[str, np.ndarray],
+        statistics: dict[str, np.ndarray],
+        opened: list[AlarmEvent],
+        closed: list[AlarmEvent],
+        open_events: list[AlarmEvent],
+    ) -> BatchResult:
+        """One stream's result: row `row` of `columns` (the four arrays `__init__` takes, by
+        name) and `statistics`, arrays over many streams with one reading each."""
+        result = cls.__new__(cls)
+        result._set(
+            first_sample, columns, statistics, slice(row, row + 1), opened, closed, open_events
+        )
+        return result
+
+    @property
+    def forecast(self) -> np.ndarray:
+        return self._columns["forecast"][self._rows]
+
+    @property
+    def residual(self) -> np.ndarray:
+        return self._columns["residual"][self._rows]
+
+    @property
+    def imputed(self) -> np.ndarray:
+        return self._columns["imputed"][self._rows]
+
+    @property
+    def monitored(self) -> np.ndarray:
+        return self._columns["monitored"][self._rows]
+
+    @property
+    def statistics(self) -> dict[str, np.ndarray]:
+        return {kind: column[self._rows] for kind, column in self._stats.items()}
 
 
 @dataclass
@@ -155,6 +233,10 @@ class StreamProcessor:
         self.stateful: StatefulLSTMForecaster | None = (
             forecaster if isinstance(forecaster, StatefulLSTMForecaster) else None
         )
+        # The `imputed` of every full window of real readings, shared (never written in
+        # place): `state.imputed is self._all_real` tells a steady stream in O(1).
+        self._all_real = np.zeros(self.window, dtype=bool)
+        self._all_real.flags.writeable = False
 
     def new_state(self) -> StreamState:
         return StreamState(
@@ -192,7 +274,7 @@ class StreamProcessor:
         return StreamState(
             samples=int(saved["samples"]),
             window=window,
-            imputed=imputed,
+            imputed=self._marked(imputed),
             monitor=monitor,
             missing_run=int(saved["missing_run"]),
             last_forecast=saved.get("last_forecast"),
@@ -201,6 +283,12 @@ class StreamProcessor:
             recurrent=recurrent,
             pending=pending,
         )
+
+    def _marked(self, imputed: np.ndarray) -> np.ndarray:
+        """`imputed`, or the shared all-real marker if that is what it says."""
+        if imputed.shape[0] == self.window and not imputed.any():
+            return self._all_real
+        return imputed
 
     def warmup_remaining(self, state: StreamState) -> int:
         """Readings still needed before the stream forecasts (and alarms) again."""
@@ -247,12 +335,45 @@ class StreamProcessor:
         for index, batch in enumerate(checked):
             if batch[1].shape[0] != 1:
                 results[index] = self._advance_batch(*batch)
-        if singles:
-            plans = [self._plan(*checked[i]) for i in singles]
+        steady, planned = self._steady(checked, singles)
+        if steady:
+            values = np.concatenate([checked[i][1] for i in steady])
+            given = [checked[i][2] for i in steady]
+            references = (
+                None
+                if all(reference is None for reference in given)
+                else np.array([math.nan if r is None else r[0] for r in given])
+            )
+            made = self._advance_steady([checked[i][0] for i in steady], values, references)
+            for index, result in zip(steady, made, strict=True):
+                results[index] = result
+        if planned:
+            plans = [self._plan(*checked[i]) for i in planned]
             self._forecast_plans(plans)
-            for index, result in zip(singles, self._finish(plans), strict=True):
+            for index, result in zip(planned, self._finish(plans), strict=True):
                 results[index] = result
         return [result for result in results if result is not None]
+
+    def _steady(
+        self,
+        checked: list[tuple[StreamState, np.ndarray, np.ndarray | None, np.ndarray]],
+        singles: list[int],
+    ) -> tuple[list[int], list[int]]:
+        """Split the single readings into the steady ones (a real reading, no time gap before
+        it, a full window of real readings: a live stream's every tick) and the rest."""
+        if len(singles) < STEADY_TICKS:
+            return [], singles
+        missing = np.isnan(np.concatenate([checked[i][1] for i in singles])).any(axis=1)
+        restart = np.concatenate([checked[i][3] for i in singles])
+        irregular = (missing | restart).tolist()
+        all_real = self._all_real
+        steady, planned = [], []
+        for index, odd in zip(singles, irregular, strict=True):
+            if odd or checked[index][0].imputed is not all_real:
+                planned.append(index)
+            else:
+                steady.append(index)
+        return steady, planned
 
     def _check(
         self,
@@ -383,31 +504,93 @@ class StreamProcessor:
             "imputed": np.array([plan.imputed for plan in plans]),
             "monitored": np.array(monitored),
         }
-        statistics = {
-            kind: np.array([math.nan if (x := s.statistics[kind]) is None else x for s in steps])
-            for kind in steps[0].statistics
-        }
+        latest = {kind: column.tolist() for kind, column in steps.statistics.items()}
         results = []
-        for index, (plan, step) in enumerate(zip(plans, steps, strict=True)):
-            self._append(plan, residuals[index], step, clean=clean[index])
-            one = slice(index, index + 1)
-            results.append(
-                BatchResult(
-                    first_sample=step.sample,
-                    forecast=columns["forecast"][one],
-                    residual=columns["residual"][one],
-                    imputed=columns["imputed"][one],
-                    monitored=columns["monitored"][one],
-                    statistics={kind: column[one] for kind, column in statistics.items()},
-                    opened=step.opened,
-                    closed=step.closed,
-                    open_events=plan.state.monitor.open_events(),
-                )
-            )
+        for index, plan in enumerate(plans):
+            self._append(plan, clean=clean[index])
+            self._remember(plan.state, plan.forecast, residuals[index], latest, index)
+            results.append(self._result(plan.state, index, columns, steps))
         return results
 
-    def _append(self, plan: _Plan, residual: float, step: MonitorStep, *, clean: bool) -> None:
-        """Move the plan's state past its reading (`clean`: no imputed reading in its window)."""
+    def _advance_steady(
+        self, states: list[StreamState], values: np.ndarray, references: np.ndarray | None
+    ) -> list[BatchResult]:
+        """`_plan`, `_forecast_plans` and `_finish` for steady streams (see `_steady`), with
+        one numpy call per quantity across them: the same arithmetic on the same numbers."""
+        W = self.window
+        stateful = self.stateful
+        if stateful is not None:
+            pending = [state.pending for state in states]
+            forecast = np.array([p[0] for p in pending if p is not None], dtype=np.float64)
+            recurrent = [state.recurrent for state in states if state.recurrent is not None]
+            if len(forecast) != len(states) or len(recurrent) != len(states):
+                raise AssertionError("a warm stream of a stateful model has its state")
+            previous = np.stack([state.window[-1] for state in states])
+            made, after = stateful.step(LSTMState.stack(recurrent), previous, values)
+        else:
+            windows = np.stack([state.window for state in states])
+            forecast = self.forecaster.predict(windows)[:, 0].astype(np.float64)
+        residual = values[:, 0] - forecast
+        has_forecast = ~np.isnan(forecast)
+        gaps = None
+        if references is not None:
+            gaps = np.where(has_forecast, values[:, 0] - references, np.nan)
+        steps = Monitor.update_many([state.monitor for state in states], residual, gaps)
+        columns = {
+            "forecast": forecast,
+            "residual": residual,
+            "imputed": np.zeros(len(states), dtype=bool),
+            "monitored": ~np.isnan(residual),
+        }
+        latest = {kind: column.tolist() for kind, column in steps.statistics.items()}
+        forecasts, residuals = forecast.tolist(), residual.tolist()
+        results = []
+        for index, state in enumerate(states):
+            if stateful is not None:
+                state.pending = made[index]
+                state.recurrent = LSTMState(
+                    h=after.h[:, index : index + 1], c=after.c[:, index : index + 1]
+                )
+            state.window = np.concatenate((state.window[-(W - 1) :], values[index : index + 1]))
+            state.missing_run = 0
+            self._remember(state, forecasts[index], residuals[index], latest, index)
+            results.append(self._result(state, index, columns, steps))
+        return results
+
+    @staticmethod
+    def _remember(
+        state: StreamState,
+        forecast: float,
+        residual: float,
+        statistics: dict[str, list[float]],
+        row: int,
+    ) -> None:
+        """The last forecast, residual and statistics a stream had (NaN: none now)."""
+        if forecast == forecast:  # not NaN
+            state.last_forecast = forecast
+        if residual == residual:
+            state.last_residual = residual
+        for kind, column in statistics.items():
+            if (statistic := column[row]) == statistic:
+                state.last_statistics[kind] = statistic
+        state.samples += 1
+
+    @staticmethod
+    def _result(
+        state: StreamState, row: int, columns: dict[str, np.ndarray], steps: MonitorSteps
+    ) -> BatchResult:
+        return BatchResult.row_of(
+            row,
+            steps.samples[row],
+            columns,
+            steps.statistics,
+            steps.opened.get(row, []),
+            steps.closed.get(row, []),
+            state.monitor.open_events() if row in steps.still_open else [],
+        )
+
+    def _append(self, plan: _Plan, *, clean: bool) -> None:
+        """Move the plan's window past its reading (`clean`: no imputed reading in it)."""
         state = plan.state
         W = self.window
         if plan.row is not None or not plan.missing:  # the reading (or its stand-in) joins
@@ -420,16 +603,9 @@ class StreamProcessor:
             row = plan.value if plan.row is None else plan.row
             state.window = np.concatenate([state.window[-(W - 1) :], row[None]])
             if not (clean and not plan.imputed and state.imputed.shape[0] == W):
-                # (else it is W times False already: arrays are never written in place)
-                state.imputed = np.concatenate((state.imputed[-(W - 1) :], (plan.imputed,)))
-        if not math.isnan(plan.forecast):
-            state.last_forecast = plan.forecast
-        if not math.isnan(residual):
-            state.last_residual = residual
-        for kind, statistic in step.statistics.items():
-            if statistic is not None:
-                state.last_statistics[kind] = statistic
-        state.samples += 1
+                # (else it is the all-real marker already)
+                imputed = np.concatenate((state.imputed[-(W - 1) :], (plan.imputed,)))
+                state.imputed = self._marked(imputed)
 
     def _empty_window(self, state: StreamState) -> None:
         state.window = np.empty((0, self.channels))
@@ -558,7 +734,7 @@ class StreamProcessor:
         first = state.samples
         state.samples += count
         state.window = buffer[tail:end].copy()
-        state.imputed = imputed_buffer[tail:end].copy()
+        state.imputed = self._marked(imputed_buffer[tail:end].copy())
         state.missing_run = missing_run
         if self.stateful is not None:
             state.recurrent, state.pending = (recurrent, pending) if end > tail else (None, None)

@@ -234,7 +234,11 @@ def client(make_client: AppFactory) -> TestClient:
 
 
 def make_stream(
-    session: Session, stream_id: str = "pump-1", *, model: str = "lstm-seed0"
+    session: Session,
+    stream_id: str = "pump-1",
+    *,
+    model: str = "lstm-seed0",
+    detector_overrides: dict[str, Any] | None = None,
 ) -> Stream:
     if model_entries.get(session, model) is None:
         model_entries.upsert(
@@ -255,7 +259,7 @@ def make_stream(
         channels=["value"],
         sample_period_s=0.1,
         has_reference=False,
-        detector_overrides={},
+        detector_overrides=detector_overrides or {},
         now=T0,
     )
 

@@ -49,7 +49,7 @@ def datetime_at(micro: int) -> datetime:
     return EPOCH + timedelta(microseconds=micro)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (frozen would double the cost of one per stream and request)
 class NewBatch:
     """One stream's readings of one request: `micros` (N,) from `micros()`, `values` (N, C) in
     the stream's channel order and `references` (N,) or None, NaN where a number is missing."""
@@ -95,19 +95,21 @@ def insert_batches(session: Session, batches: Sequence[NewBatch]) -> int:
     same samples. One executemany on SQLite, one statement of arrays unnested server-side on
     PostgreSQL (a round trip per row would cost more than the rows).
     """
-    rows = [_row(batch) for batch in batches if len(batch.micros)]
-    if not rows:
+    batches = [batch for batch in batches if len(batch.micros)]
+    if not batches:
         return 0
+    for batch in batches:
+        _check(batch)
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        return _insert_unnest(session, rows)
+        return _insert_unnest(session, batches)
     if dialect != "sqlite":
         raise NotImplementedError(f"readings.insert_batches does not support {dialect}")
     # The DB-API's executemany on ready-made tuples: SQLAlchemy's per-row parameter processing
     # costs more than the insert.
     sqlite_rows = [
         (*row[:3], sqlite_time(datetime_at(row[3])), sqlite_time(datetime_at(row[4])), *row[5:])
-        for row in rows
+        for row in map(_row, batches)
     ]
     result = session.connection().exec_driver_sql(_SQLITE_INSERT, sqlite_rows)
     return int(result.rowcount)
@@ -117,12 +119,16 @@ def insert_batches(session: Session, batches: Sequence[NewBatch]) -> int:
 _Row = tuple[str, int, int, int, int, bytes, bytes, bytes | None]
 
 
-def _row(batch: NewBatch) -> _Row:
+def _check(batch: NewBatch) -> None:
     count = len(batch.micros)
     if batch.values.ndim != 2 or batch.values.shape[0] != count:
         raise ValueError(f"values of shape {batch.values.shape} for {count} readings")
     if batch.references is not None and batch.references.shape != (count,):
         raise ValueError(f"references of shape {batch.references.shape} for {count} readings")
+
+
+def _row(batch: NewBatch) -> _Row:
+    count = len(batch.micros)
     return (
         batch.stream_id,
         batch.first_sample,
@@ -173,23 +179,48 @@ _UNNEST_INSERT = text(
 )
 
 
-def _insert_unnest(session: Session, rows: list[_Row]) -> int:
-    # Arrays go as PostgreSQL array literals built with one join each: psycopg's list dumpers
-    # cost several times more for a thousand rows.
-    columns = list(zip(*rows, strict=True))
+def _insert_unnest(session: Session, batches: list[NewBatch]) -> int:
+    # Arrays go as PostgreSQL array literals, each built from one numpy conversion and one
+    # join: psycopg's list dumpers, or a conversion per batch, cost several times more for the
+    # five hundred one-reading batches of a gateway's tick.
+    counts = [len(batch.micros) for batch in batches]
+    times = np.concatenate([batch.micros for batch in batches]).astype(_TIMES)
+    ends = np.cumsum(counts)
     parameters = {
-        "stream_ids": _array([_quoted(stream_id) for stream_id in columns[0]]),
-        "first_samples": _array([str(sample) for sample in columns[1]]),
-        "counts": _array([str(count) for count in columns[2]]),
-        "first_micros": _array([str(micro) for micro in columns[3]]),
-        "last_micros": _array([str(micro) for micro in columns[4]]),
-        "times": _array([_hex(blob) for blob in columns[5]]),
-        "channel_values": _array([_hex(blob) for blob in columns[6]]),
-        "reference_values": _array([_hex(blob) for blob in columns[7]]),
+        "stream_ids": _array([_quoted(batch.stream_id) for batch in batches]),
+        "first_samples": _array([str(batch.first_sample) for batch in batches]),
+        "counts": _array(list(map(str, counts))),
+        "first_micros": _array(list(map(str, times[ends - counts].tolist()))),
+        "last_micros": _array(list(map(str, times[ends - 1].tolist()))),
+        "times": _hex_array(times.tobytes().hex(), counts, 16),
+        "channel_values": _hex_blobs([batch.values for batch in batches]),
+        "reference_values": _hex_blobs([batch.references for batch in batches]),
     }
     result = session.execute(_UNNEST_INSERT, parameters)
     assert isinstance(result, CursorResult)
     return int(result.rowcount)
+
+
+def _hex_blobs(arrays: list[np.ndarray | None]) -> str:
+    """bytea array literal of float64 arrays (NULL for None), from one hex conversion."""
+    present = [array for array in arrays if array is not None]
+    if not present:
+        return _array(["NULL"] * len(arrays))
+    if len(present) != len(arrays):  # mixed: rare (streams with and without references)
+        return _array([_hex(None if a is None else a.astype(_NUMBERS).tobytes()) for a in arrays])
+    digits = np.concatenate([array.ravel() for array in present]).astype(_NUMBERS).tobytes().hex()
+    return _hex_array(digits, [array.size for array in present], 16)
+
+
+def _hex_array(digits: str, sizes: list[int], width: int) -> str:
+    """bytea array literal of consecutive blobs of `sizes` items of `width` hex digits each."""
+    parts = []
+    start = 0
+    for size in sizes:
+        stop = start + size * width
+        parts.append(digits[start:stop])
+        start = stop
+    return '{"\\\\x' + '","\\\\x'.join(parts) + '"}'
 
 
 def _array(items: list[str]) -> str:

@@ -99,6 +99,25 @@ def test_a_stream_without_references_stores_none(stream_db: Database) -> None:
         assert row.reference_values is None and row.count == 1
 
 
+def test_one_insert_of_streams_with_and_without_references_and_channels(
+    stream_db: Database,
+) -> None:
+    """A request mixes streams: their batches go in one statement, each comes back its own."""
+    wide = batch(0, 3, channels=3)
+    plain = NewBatch("pump-2", 0, reading_repo.micros([T0]), np.array([[-1.5]]), None)
+    with stream_db.session() as session:
+        assert insert(session, wide, plain, batch(3, 1)) == 3
+    with stream_db.session() as session:
+        first, second = reading_repo.batches_from(session, stream_id="pump-1")
+        np.testing.assert_array_equal(first.values, wide.values)
+        np.testing.assert_array_equal(first.micros, wide.micros)
+        np.testing.assert_array_equal(second.values, batch(3, 1).values)
+        np.testing.assert_array_equal(second.references, [1.0])
+        (alone,) = reading_repo.batches_from(session, stream_id="pump-2")
+        assert alone.references is None and alone.values.tolist() == [[-1.5]]
+        assert alone.micros.tolist() == plain.micros.tolist()
+
+
 def test_existing_at_finds_readings_across_batches_by_time(stream_db: Database) -> None:
     with_gaps = NewBatch(
         stream_id="pump-1",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,8 @@ from app.metrics import Metrics
 from app.registry import default_loader, load_models
 from app.schemas import ReadingIn
 from app.storage.db import Database
-from app.streams.engine import QUICK_TICKS, StreamEngine
+from app.storage.repositories import streams as stream_repo
+from app.streams.engine import QUICK_TICKS, IngestOutcome, StreamEngine
 from tests.integration.conftest import make_stream
 from tests.support.models import lab_series, stateful_lab_model
 
@@ -33,12 +35,18 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return directory
 
 
-def make_engine(database: Database, models: Path, names: list[str]) -> StreamEngine:
+def make_engine(
+    database: Database,
+    models: Path,
+    names: list[str],
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> StreamEngine:
     registry = load_models(models, loaded_at=T0, loader=default_loader)
     register_models(database, registry)
     with database.session() as session:
         for name in names:
-            make_stream(session, name, model=MODEL)  # the model is registered: no stand-in
+            # The model is registered: no stand-in.
+            make_stream(session, name, model=MODEL, detector_overrides=(overrides or {}).get(name))
     return StreamEngine(database, registry, Metrics(), checkpoint_every=97)
 
 
@@ -123,3 +131,57 @@ def test_a_tick_refuses_a_bad_stream_with_its_own_error(database: Database, mode
     assert "accepted before with another value" in refused.value.detail
 
     assert [engine.position(name) for name in names] == before  # nothing moved
+
+
+def test_a_tick_of_streams_configured_apart_steps_each_with_its_own_detectors(
+    database: Database, models: Path
+) -> None:
+    """Streams of one model with different detector settings in one request: each is stepped
+    with its own monitor configuration, and opens and closes the alarms it opens alone."""
+    together = [f"apart-{i}" for i in range(2 * STREAMS)]
+    alone = [f"solo-{i}" for i in range(2 * STREAMS)]
+    registry = load_models(models, loaded_at=T0, loader=default_loader)
+    point = next(
+        d.threshold
+        for d in StreamEngine(database, registry, Metrics())
+        .processor_for(registry.require(MODEL), {})
+        .monitor_config.detectors
+        if d.kind == "point"
+    )
+    sensitive = {"point": {"threshold": point / 10}}  # alarms every few dozen readings
+    overrides = {name: sensitive for name in together[1::2] + alone[1::2]}
+    engine = make_engine(database, models, together + alone, overrides)
+    events: dict[str, list[tuple[str, int, int | None]]] = {n: [] for n in together + alone}
+
+    def record(name: str, outcome: IngestOutcome) -> None:
+        events[name] += [(a.detector, a.opened_sample, None) for a in outcome.opened]
+        events[name] += [(a.detector, a.opened_sample, a.closed_sample) for a in outcome.closed]
+
+    for i in range(2 * STREAMS):
+        for name in (together[i], alone[i]):
+            record(name, engine.ingest(name, [reading(i, s) for s in range(-300, 0)]))
+    for sample in range(40):
+        items = [(name, [reading(i, sample)]) for i, name in enumerate(together)]
+        for name, outcome in zip(together, engine.ingest_many(items), strict=True):
+            record(name, outcome)
+        for i, name in enumerate(alone):
+            record(name, engine.ingest(name, [reading(i, sample)]))
+    for i in range(2 * STREAMS):
+        assert events[together[i]] == events[alone[i]], together[i]
+        with database.session() as session:
+            views = [
+                engine.view(session, stream_repo.require(session, name))
+                for name in (together[i], alone[i])
+            ]
+        assert views[0].active == views[1].active
+    # The sensitive streams do alarm, in the ticks too (an event closed or left open there).
+    assert sum(len(events[name]) for name in together[1::2]) > sum(
+        len(events[name]) for name in together[::2]
+    )
+    in_ticks = [
+        event
+        for name in together[1::2]
+        for event in events[name]
+        if event[1] >= 300 or (event[2] or 0) >= 300
+    ]
+    assert in_ticks
