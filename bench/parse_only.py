@@ -32,8 +32,9 @@ from fastapi import APIRouter, FastAPI, Response
 
 from app.api.deps import WriteAccess
 from app.api.problems import BodySizeLimitMiddleware
+from app.api.readings import ReadingsBody
 from app.api.streams import StreamIdPath
-from app.schemas import ReadingResult, ReadingsIn, ReadingsOut
+from app.schemas import ReadingResult, ReadingsOut
 from app.settings import Settings, load_settings
 
 DETECTORS = ("point", "rolling_rms", "variance_floor", "cusum", "level")
@@ -41,13 +42,14 @@ PARSE_ONLY_PATH = "/v1/parse-only/{stream_id}/readings"
 ECHO_PATH = "/v1/echo/{stream_id}/readings"
 
 
-def parse_only(stream_id: StreamIdPath, body: ReadingsIn) -> Response:
+def parse_only(stream_id: StreamIdPath, body: ReadingsBody) -> Response:
     """A ready-made `Response`, like the real handler's: returning a dict would add FastAPI's
-    response-model validation and `jsonable_encoder`, which the real endpoint no longer pays."""
+    response-model validation and `jsonable_encoder`, which the real endpoint no longer pays.
+    The body is parsed as the real endpoint parses it (`ReadingsBody`: from its bytes)."""
     return Response(b'{"accepted":%d}' % len(body.readings), media_type="application/json")
 
 
-def parse_and_answer(stream_id: StreamIdPath, body: ReadingsIn) -> Response:
+def parse_and_answer(stream_id: StreamIdPath, body: ReadingsBody) -> Response:
     results = [
         ReadingResult.model_construct(
             t=reading.t,

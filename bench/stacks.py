@@ -42,11 +42,21 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
         ("solve_dependencies", "request_body_to_args", "_validate_value_with_model_field"),
     ),
     ("handler + thread-pool hand-off", ("anyio/", "run_in_threadpool", "app/api/")),
-    ("HTTP: uvicorn, h11, routing, middleware", ("uvicorn/", "h11/", "starlette/", "fastapi/")),
+    (
+        "HTTP: uvicorn, httptools or h11, routing, middleware",
+        ("uvicorn/", "h11/", "httptools/", "starlette/", "fastapi/"),
+    ),
     ("asyncio event loop", ("asyncio/",)),
 )
 IDLE_LEAVES = (".select (selectors.py", "wait (threading.py", "get (queue.py")
-REQUEST_FRAMES = ("app/api/", "app/streams/", "app/storage/", "fastapi/routing", "h11_impl.py")
+REQUEST_FRAMES = (
+    "app/api/",
+    "app/streams/",
+    "app/storage/",
+    "fastapi/routing",
+    "h11_impl.py",
+    "httptools_impl.py",
+)
 
 
 def stage_of(frames: list[str]) -> str:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Response
 from pydantic_core import to_json
 
+from app.api.bodies import json_body, json_body_openapi
 from app.api.deps import AppState, StateDep, WriteAccess
 from app.api.streams import StreamIdPath
 from app.errors import AppError, NotFoundError, PayloadTooLargeError
@@ -35,6 +36,9 @@ router = APIRouter(prefix="/v1", tags=["readings"])
 def _number(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
+
+ReadingsBody = Annotated[ReadingsIn, json_body(ReadingsIn)]
+ManyReadingsBody = Annotated[ManyReadingsIn, json_body(ManyReadingsIn)]
 
 ResultsQuery = Query(
     True,
@@ -124,9 +128,13 @@ def _respond(state: AppState, answer: dict[str, Any], started: float) -> Respons
     responses=problem_responses(401, 404, 409, 413, 422, 503),
     dependencies=[WriteAccess],
     summary="Ingest a batch of readings",
+    openapi_extra=json_body_openapi(ReadingsIn),
 )
 def post_readings(
-    stream_id: StreamIdPath, body: ReadingsIn, state: StateDep, results: bool = ResultsQuery
+    stream_id: StreamIdPath,
+    state: StateDep,
+    body: ReadingsBody,
+    results: bool = ResultsQuery,
 ) -> Response:
     """Process the readings in time order and commit them with the alarms they open or close.
 
@@ -144,9 +152,10 @@ def post_readings(
     responses=problem_responses(401, 404, 409, 413, 422, 503),
     dependencies=[WriteAccess],
     summary="Ingest readings of many streams at once",
+    openapi_extra=json_body_openapi(ManyReadingsIn),
 )
 def post_many_readings(
-    body: ManyReadingsIn, state: StateDep, results: bool = ResultsQuery
+    state: StateDep, body: ManyReadingsBody, results: bool = ResultsQuery
 ) -> Response:
     """What a gateway sends each tick: a batch for each of many streams, in one transaction
     (all or nothing, each stream with the rules of its own endpoint). Streams of one model with

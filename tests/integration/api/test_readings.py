@@ -204,6 +204,7 @@ def test_conflicting_resends_are_refused_and_change_nothing(
 
 BAD_BODIES: list[tuple[str, Any, int, str]] = [
     ("malformed JSON", b'{"readings": [', 400, "not valid JSON"),
+    ("no body", b"", 422, "body: Field required"),
     ("not an object", b"[1, 2]", 422, "readings"),
     ("NaN value", b'{"readings": [{"t": 1.7e9, "value": NaN}]}', 422, "value"),
     ("infinite value", b'{"readings": [{"t": 1.7e9, "value": 1e999}]}', 422, "value"),
@@ -239,6 +240,17 @@ BAD_BODIES: list[tuple[str, Any, int, str]] = [
     ),
     ("oversize body", b'{"readings": [' + b" " * 1_100_000 + b"]}", 413, "exceeds"),
 ]
+
+
+def test_a_body_that_says_it_is_not_json_is_refused(client: TestClient) -> None:
+    create_stream(client, has_reference=False)
+    response = client.post(
+        f"/v1/streams/{STREAM}/readings",
+        content=b'{"readings": []}',
+        headers={"content-type": "text/plain"},
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["errors"][0]["field"] == "body"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,76 @@
+"""Request bodies validated by pydantic-core straight from their bytes.
+
+FastAPI parses a JSON body with `json.loads` and then validates the Python objects: for a
+gateway's tick of 500 streams that is twice the work, and thousands of short-lived objects for
+the garbage collector. `json_body(Model)` validates the bytes in one pass (the same model, the
+same errors under `body`, the same 400 for malformed JSON); `json_body_openapi` documents the
+body, which FastAPI no longer sees, and `document_json_bodies` adds its schemas to the spec.
+"""
+
+from __future__ import annotations
+
+from email.message import Message
+from typing import Any, TypeVar
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
+
+REF = "#/components/schemas/{model}"
+M = TypeVar("M", bound=BaseModel)
+
+
+def _is_json(content_type: str | None) -> bool:
+    if not content_type:
+        return True  # as FastAPI: a body without a content type is read as JSON
+    message = Message()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+def json_body(model: type[M]) -> Any:
+    """A dependency giving the request's body as `model`, validated from its bytes."""
+
+    async def parse(request: Request) -> M:
+        raw = await request.body()
+        try:
+            if not raw:
+                raise RequestValidationError(
+                    [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+                )
+            if not _is_json(request.headers.get("content-type")):
+                return model.model_validate(raw)  # refused as FastAPI refuses it
+            return model.model_validate_json(raw)
+        except ValidationError as exc:
+            errors = [
+                {**error, "loc": ("body", *error["loc"])} for error in exc.errors(include_url=False)
+            ]
+            raise RequestValidationError(errors, body=raw) from None
+
+    return Depends(parse)
+
+
+def json_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
+    """The `openapi_extra` of a route whose body is `json_body(model)`."""
+    schema = {"$ref": REF.format(model=model.__name__)}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def document_json_bodies(app: FastAPI, models: list[type[BaseModel]]) -> None:
+    """Make `app.openapi` add the schemas of the `json_body` models to FastAPI's."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()  # (FastAPI keeps it in app.openapi_schema)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for model in models:
+                body = model.model_json_schema(ref_template=REF)
+                components.update(body.pop("$defs", {}))
+                components[model.__name__] = body
+        return app.openapi_schema or {}
+
+    app.openapi = openapi  # type: ignore[method-assign]
