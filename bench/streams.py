@@ -24,11 +24,15 @@ readings/s (accepted readings / elapsed), per-request latency p50/p99, errors (n
 connection failures, answers that do not match the request), missed and late ticks, and the
 server's CPU seconds.
 
+`--spread`: the gateways tick at evenly spread phases of the period (gateway g at g/G of it),
+as independent gateways would, instead of all at the same instant (the default: the worst case,
+where their requests always overlap).
+
 `--per-stream`: every stream posts its own single-reading request to
 `POST /v1/streams/{id}/readings` on its own connection (1,000 streams at 10 Hz = 10,000
 requests/s; expected to fall far short on this machine: it shows why gateways batch).
 
-    python bench/streams.py [--quick] [--gateways 10] [--per-stream] [--json out.json]
+    python bench/streams.py [--quick] [--gateways 10] [--per-stream] [--spread] [--json out.json]
     python bench/streams.py --port 8000 --model NAME   # against a server already running
 """
 
@@ -297,11 +301,18 @@ def percentile(sorted_values: list[float], q: float) -> float | None:
     return sorted_values[min(len(sorted_values) - 1, int(q * len(sorted_values)))]
 
 
-async def drive(load: Load, senders: list[Sender], server: Server | None) -> dict[str, Any]:
+async def drive(
+    load: Load, senders: list[Sender], server: Server | None, *, spread: bool = False
+) -> dict[str, Any]:
     cpu = server.cpu_seconds() if server else None
     client_cpu = time.process_time()
     start = time.perf_counter() + 0.2  # every sender connected and waiting for tick 0
-    await asyncio.gather(*(send(load, sender, start) for sender in senders))
+    # Together (the default, the worst case): every gateway's tick is due at the same instant.
+    # Spread: independent gateways, each at its own phase of the period.
+    phase = PERIOD_S / len(senders) if spread else 0.0
+    await asyncio.gather(
+        *(send(load, sender, start + index * phase) for index, sender in enumerate(senders))
+    )
     duration = load.ticks * PERIOD_S
     elapsed = max(duration, max(s.last_answer for s in senders) - start)
     latencies = sorted(x for s in senders for x in s.latencies)
@@ -349,6 +360,7 @@ class Options:
     database: str = "sqlite"  # or "postgresql" (a fresh schema on --postgres-url)
     postgres_url: str = DEFAULT_POSTGRES
     results: bool = True  # False: ?results=false, the acknowledgement and alarms only
+    spread: bool = False  # gateway g ticks g/G of a period after gateway 0 (default: together)
 
 
 async def prepare(
@@ -414,7 +426,8 @@ def measure(
         f"{timings.get('warmup_s', 0):.0f} s warm-up)",
         flush=True,
     )
-    report |= asyncio.run(drive(load, senders, server))
+    report |= asyncio.run(drive(load, senders, server, spread=options.spread))
+    report["gateway_phases"] = "spread" if options.spread else "together"
     return report
 
 
@@ -428,7 +441,7 @@ def print_report(report: dict[str, Any]) -> None:
         return "n/a" if value is None else format(value, spec)
 
     rows = [
-        ("mode", report["mode"]),
+        ("mode", f"{report['mode']}, {report.get('gateway_phases', 'together')}"),
         ("streams x rate", f"{report['streams']:,} x 10 Hz for {report['seconds']:g} s"),
         ("offered readings/s", fmt(report["offered_readings_per_s"])),
         ("sustained readings/s", fmt(report["readings_per_s"])),
@@ -502,6 +515,11 @@ def main() -> None:
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--postgres-url", default=DEFAULT_POSTGRES)
     parser.add_argument("--no-results", action="store_true", help="Post with ?results=false.")
+    parser.add_argument(
+        "--spread",
+        action="store_true",
+        help="Gateways tick at evenly spread phases of the period instead of all at once.",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     if args.streams % args.gateways and not args.per_stream:
@@ -517,6 +535,7 @@ def main() -> None:
         database=args.database,
         postgres_url=args.postgres_url,
         results=not args.no_results,
+        spread=args.spread,
     )
     with tempfile.TemporaryDirectory(prefix="twinwatch-streams-") as scratch:
         report = run(options, Path(scratch))

@@ -100,12 +100,20 @@ def cusum_increment(residual: F, sigma: float, kappa: float, clip: float | None)
     return z - kappa
 
 
-def cusum_step(previous: float, increment: float, limit: float) -> tuple[float, float]:
-    """(S_t, the state carried forward): S_t = max(0, S_{t-1} + increment), restarted at 0 once
-    it has signalled (S_t > limit), so that each alarm is fresh evidence. Both forms iterate it."""
-    total = previous + increment
-    statistic = total if total > 0.0 else 0.0
-    return statistic, (0.0 if statistic > limit else statistic)
+def cusum_steps(
+    previous: float, increments: Iterable[float], limit: float
+) -> tuple[list[float], float]:
+    """(S_t for each increment, the state carried forward): S_t = max(0, S_{t-1} + increment),
+    restarted at 0 once it has signalled (S_t > limit), so that each alarm is fresh evidence.
+    Both forms iterate it (one loop here: a call per sample would cost four times the step)."""
+    statistics = []
+    s = previous
+    for increment in increments:
+        total = s + increment
+        statistic = total if total > 0.0 else 0.0
+        statistics.append(statistic)
+        s = 0.0 if statistic > limit else statistic
+    return statistics, s
 
 
 def whitened_square(whitening: FloatArray, residual: Sequence[F]) -> F:
@@ -360,16 +368,12 @@ class CusumDetector(Detector):
 
     def update(self, value: float) -> float:
         increment = cusum_increment(value, self.sigma, self.kappa, self.clip)
-        statistic, self._s = cusum_step(self._s, increment, self.threshold)
+        (statistic,), self._s = cusum_steps(self._s, (increment,), self.threshold)
         return statistic
 
     def batch(self, values: FloatArray) -> FloatArray:
         increments = cusum_increment(values, self.sigma, self.kappa, self.clip).tolist()
-        out = [0.0] * len(increments)
-        s, limit = self._s, self.threshold
-        for i, increment in enumerate(increments):
-            out[i], s = cusum_step(s, increment, limit)
-        self._s = s
+        out, self._s = cusum_steps(self._s, increments, self.threshold)
         return np.asarray(out, dtype=np.float64)
 
     @classmethod
@@ -393,7 +397,7 @@ class CusumDetector(Detector):
         increments = cusum_increment(
             np.asarray(values, dtype=np.float64), first.sigma, first.kappa, first.clip
         )
-        # cusum_step on arrays: the same comparisons and one addition per stream.
+        # cusum_steps' step on arrays: the same comparisons and one addition per stream.
         total = np.array([d._s for d in cusums]) + increments
         statistics = np.where(total > 0.0, total, 0.0)
         carried = np.where(statistics > first.threshold, 0.0, statistics)

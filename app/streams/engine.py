@@ -602,7 +602,7 @@ class StreamEngine:
             stream_id=live.stream_id,
             sample_count=state.samples,
             last_t=last_t,
-            state=json.dumps(state.to_json(), allow_nan=False).encode(),
+            state=state.to_bytes(),
             state_version=STATE_VERSION,
             now=datetime.now(UTC),
         )

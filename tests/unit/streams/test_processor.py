@@ -62,11 +62,21 @@ def test_no_forecast_and_no_alarm_while_warming_up(lab) -> None:  # type: ignore
 def test_state_survives_json_and_continues_identically(lab) -> None:  # type: ignore[no-untyped-def]
     processor, values, references = lab
     state, _ = processor.process(processor.new_state(), values[:1234, None], references[:1234])
-    restored = processor.restore(json.loads(json.dumps(state.to_json())))
+    saved = json.loads(state.to_bytes())  # the checkpoint as the engine writes it
+    assert saved == json.loads(json.dumps(state.to_json()))  # every float exact
+    restored = processor.restore(saved)
     _, a = processor.process(state, values[1234:, None], references[1234:])
     _, b = processor.process(restored, values[1234:, None], references[1234:])
     np.testing.assert_array_equal(a.residual, b.residual)
     assert a.opened == b.opened and a.closed == b.closed
+
+
+def test_a_state_with_a_non_finite_number_is_not_checkpointed(lab) -> None:  # type: ignore[no-untyped-def]
+    processor, values, references = lab
+    state, _ = processor.process(processor.new_state(), values[:100, None], references[:100])
+    state.last_residual = float("nan")
+    with pytest.raises(ValueError, match="non-finite"):
+        state.to_bytes()
 
 
 def test_process_never_mutates_the_state_it_is_given(lab) -> None:  # type: ignore[no-untyped-def]
