@@ -174,6 +174,10 @@ class StreamEngine:
         self._live: dict[str, LiveStream] = {}
         self._guard = threading.Lock()
         self._stream_locks: dict[str, threading.Lock] = {}
+        # One request computes at a time (its streams' forecasts and detectors); its database
+        # writes and commit overlap the next one's computing. Two requests computing together
+        # share the GIL: each would take twice as long, and the hand-offs cost a quarter more.
+        self._computing = threading.Lock()
         self._processors: dict[tuple[str, str, str], StreamProcessor] = {}
 
     # -- life cycle of a stream's live state --
@@ -379,13 +383,15 @@ class StreamEngine:
         with self._stream_locks_held(ids):
             try:
                 with self.database.session() as session:
-                    lives = self._lives(session, ids)
-                    latest = datetime.now(UTC) + self.max_future
-                    prepared = self._prepare_all(session, lives, batches, latest)
-                    # From here the live states move on in place; on any failure they are
-                    # dropped and rebuilt from what the database committed.
-                    touched = [batch.live.stream_id for batch in prepared if batch.fresh]
-                    outcomes = self._process(session, prepared)
+                    with self._computing:
+                        lives = self._lives(session, ids)
+                        latest = datetime.now(UTC) + self.max_future
+                        prepared = self._prepare_all(session, lives, batches, latest)
+                        # From here the live states move on in place; on any failure they
+                        # are dropped and rebuilt from what the database committed.
+                        touched = [batch.live.stream_id for batch in prepared if batch.fresh]
+                        self._advance(prepared)
+                    outcomes = self._write(session, prepared)
             except BaseException as exc:
                 for stream_id in touched:
                     self.forget(stream_id)
@@ -538,8 +544,8 @@ class StreamEngine:
             restart=self._restarts(live.last_micro, micros[resent:], live.sample_period_s),
         )
 
-    def _process(self, session: Session, batches: list[_Batch]) -> list[IngestOutcome]:
-        """Forecast and monitor every batch (grouped by processor), then write."""
+    def _advance(self, batches: list[_Batch]) -> None:
+        """Forecast and monitor every batch, grouped by processor (model and detectors)."""
         work = [batch for batch in batches if batch.fresh]
         by_processor: dict[int, list[_Batch]] = {}
         for batch in work:
@@ -550,6 +556,9 @@ class StreamEngine:
             )
             for batch, result in zip(group, results, strict=True):
                 batch.result = result
+
+    def _write(self, session: Session, batches: list[_Batch]) -> list[IngestOutcome]:
+        """The readings, alarm changes and due checkpoints of the advanced batches."""
         stored = [
             reading_repo.NewBatch(
                 stream_id=batch.live.stream_id,
@@ -558,7 +567,7 @@ class StreamEngine:
                 values=batch.values,
                 references=batch.references,
             )
-            for batch in work
+            for batch in batches
             if batch.result is not None
         ]
         if reading_repo.insert_batches(session, stored) != len(stored):

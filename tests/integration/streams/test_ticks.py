@@ -5,6 +5,7 @@ per-stream one, naming the stream."""
 from __future__ import annotations
 
 import functools
+import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -185,3 +186,42 @@ def test_a_tick_of_streams_configured_apart_steps_each_with_its_own_detectors(
         if event[1] >= 300 or (event[2] or 0) >= 300
     ]
     assert in_ticks
+
+
+def test_ticks_from_two_threads_give_what_they_give_one_after_the_other(
+    database: Database, models: Path
+) -> None:
+    """Two gateways posting at once (two worker threads): one computes while the other writes
+    and commits; every stream ends where it ends when the requests come one after the other."""
+    left = [f"left-{i}" for i in range(STREAMS)]
+    right = [f"right-{i}" for i in range(STREAMS)]
+    twins = [f"twin-{i}" for i in range(2 * STREAMS)]
+    engine = make_engine(database, models, left + right + twins)
+    for i, name in enumerate(left + right):
+        engine.ingest(name, [reading(i % STREAMS, s) for s in range(-300, 0)])
+        engine.ingest(twins[i], [reading(i % STREAMS, s) for s in range(-300, 0)])
+    residuals: dict[str, list[float]] = {name: [] for name in left + right + twins}
+    failures: list[BaseException] = []
+
+    def gateway(names: list[str]) -> None:
+        try:
+            for sample in range(30):
+                items = [(name, [reading(i, sample)]) for i, name in enumerate(names)]
+                for name, outcome in zip(names, engine.ingest_many(items), strict=True):
+                    assert outcome.result is not None
+                    residuals[name].append(float(outcome.result.residual[0]))
+        except BaseException as exc:  # reported by the main thread
+            failures.append(exc)
+
+    threads = [threading.Thread(target=gateway, args=(names,)) for names in (left, right)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures, failures
+    gateway(twins[:STREAMS])
+    gateway(twins[STREAMS:])
+    assert not failures, failures
+    for name, twin in zip(left + right, twins, strict=True):
+        np.testing.assert_allclose(residuals[name], residuals[twin], rtol=1e-5, atol=1e-6)
+        assert engine.position(name) == engine.position(twin)
