@@ -142,6 +142,16 @@ class _Batch:
     references: np.ndarray | None
     restart: np.ndarray
     result: BatchResult | None = None
+    tick: _Tick | None = None  # a gateway's tick this batch is row `row` of (see _quick_ticks)
+    row: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    """The single readings of a request's plain streams as columns, for `advance_tick`."""
+
+    values: np.ndarray  # (N, 1)
+    restart: np.ndarray  # (N,)
 
 
 class StreamEngine:
@@ -474,6 +484,7 @@ class StreamEngine:
         fresh = (micros > last) & (micros <= reading_repo.micro(latest))
         restart = (last != never) & ((micros - np.where(last == never, 0, last)) / 1e6 > limits)
         values = np.array([reading.value for reading in readings], dtype=np.float64)[:, None]
+        tick = _Tick(values, restart)
         return {
             row: _Batch(
                 live=live,
@@ -483,6 +494,8 @@ class StreamEngine:
                 values=values[k : k + 1],
                 references=None,
                 restart=restart[k : k + 1],
+                tick=tick,
+                row=k,
             )
             for k, (row, live, reading, ok) in enumerate(
                 zip(rows, streams, readings, fresh.tolist(), strict=True)
@@ -551,9 +564,19 @@ class StreamEngine:
         for batch in work:
             by_processor.setdefault(id(batch.live.processor), []).append(batch)
         for group in by_processor.values():
-            results = group[0].live.processor.advance_many(
-                [(b.live.state, b.values, b.references, b.restart) for b in group]
-            )
+            processor, tick = group[0].live.processor, group[0].tick
+            if tick is not None and all(batch.tick is tick for batch in group):
+                rows = [batch.row for batch in group]
+                results = processor.advance_tick(
+                    [batch.live.state for batch in group],
+                    tick.values[rows],
+                    None,
+                    tick.restart[rows],
+                )
+            else:
+                results = processor.advance_many(
+                    [(b.live.state, b.values, b.references, b.restart) for b in group]
+                )
             for batch, result in zip(group, results, strict=True):
                 batch.result = result
 

@@ -345,41 +345,93 @@ class StreamProcessor:
         for index, batch in enumerate(checked):
             if batch[1].shape[0] != 1:
                 results[index] = self._advance_batch(*batch)
-        steady, planned = self._steady(checked, singles)
-        if steady:
-            values = np.concatenate([checked[i][1] for i in steady])
-            given = [checked[i][2] for i in steady]
-            references = (
+        if singles:
+            given = [checked[i][2] for i in singles]
+            made = self._advance_tick(
+                [checked[i][0] for i in singles],
+                np.concatenate([checked[i][1] for i in singles]),
                 None
                 if all(reference is None for reference in given)
-                else np.array([math.nan if r is None else r[0] for r in given])
+                else np.array([math.nan if r is None else r[0] for r in given]),
+                np.concatenate([checked[i][3] for i in singles]),
             )
-            made = self._advance_steady([checked[i][0] for i in steady], values, references)
+            for index, result in zip(singles, made, strict=True):
+                results[index] = result
+        return [result for result in results if result is not None]
+
+    def advance_tick(
+        self,
+        states: list[StreamState],
+        values: np.ndarray,
+        references: np.ndarray | None = None,
+        restart: np.ndarray | None = None,
+    ) -> list[BatchResult]:
+        """One reading for each of many streams (a gateway's tick): row i of `values` ((N, C)
+        or (N,)), `references` and `restart` ((N,)) is stream i's. The same as `advance_many`
+        with a one-reading batch per stream, without building the batches."""
+        count = len(states)
+        values = np.asarray(values, dtype=np.float64)
+        if values.ndim == 1:
+            values = values[:, None]
+        if values.shape != (count, self.channels):
+            raise DataError(f"readings of shape {values.shape} for {count} streams")
+        if references is not None:
+            references = np.asarray(references, dtype=np.float64)
+            if references.shape != (count,):
+                raise DataError(f"{references.shape[0]} references for {count} streams")
+        restart = np.zeros(count, dtype=bool) if restart is None else np.asarray(restart, bool)
+        if restart.shape != (count,):
+            raise DataError(f"{restart.shape[0]} restart flags for {count} streams")
+        if np.isinf(values).any():
+            raise DataError("readings must be finite numbers or null")
+        if references is not None and np.isinf(references).any():
+            raise DataError("references must be finite numbers or null")
+        return self._advance_tick(states, values, references, restart)
+
+    def _advance_tick(
+        self,
+        states: list[StreamState],
+        values: np.ndarray,
+        references: np.ndarray | None,
+        restart: np.ndarray,
+    ) -> list[BatchResult]:
+        results: list[BatchResult | None] = [None] * len(states)
+        steady, planned = self._steady(states, values, restart)
+        if steady:
+            made = self._advance_steady(
+                [states[i] for i in steady],
+                values[steady],
+                None if references is None else references[steady],
+            )
             for index, result in zip(steady, made, strict=True):
                 results[index] = result
         if planned:
-            plans = [self._plan(*checked[i]) for i in planned]
+            plans = [
+                self._plan(
+                    states[i],
+                    values[i : i + 1],
+                    None if references is None else references[i : i + 1],
+                    restart[i : i + 1],
+                )
+                for i in planned
+            ]
             self._forecast_plans(plans)
             for index, result in zip(planned, self._finish(plans), strict=True):
                 results[index] = result
         return [result for result in results if result is not None]
 
     def _steady(
-        self,
-        checked: list[tuple[StreamState, np.ndarray, np.ndarray | None, np.ndarray]],
-        singles: list[int],
+        self, states: list[StreamState], values: np.ndarray, restart: np.ndarray
     ) -> tuple[list[int], list[int]]:
-        """Split the single readings into the steady ones (a real reading, no time gap before
-        it, a full window of real readings: a live stream's every tick) and the rest."""
-        if len(singles) < STEADY_TICKS:
-            return [], singles
-        missing = np.isnan(np.concatenate([checked[i][1] for i in singles])).any(axis=1)
-        restart = np.concatenate([checked[i][3] for i in singles])
-        irregular = (missing | restart).tolist()
+        """Split a tick's streams into the steady ones (a real reading, no time gap before it,
+        a full window of real readings: a live stream's every tick) and the rest."""
+        if len(states) < STEADY_TICKS:
+            return [], list(range(len(states)))
+        irregular = (np.isnan(values).any(axis=1) | restart).tolist()
         all_real = self._all_real
         steady, planned = [], []
-        for index, odd in zip(singles, irregular, strict=True):
-            if odd or checked[index][0].imputed is not all_real:
+        for index, (state, odd) in enumerate(zip(states, irregular, strict=True)):
+            if odd or state.imputed is not all_real:
                 planned.append(index)
             else:
                 steady.append(index)

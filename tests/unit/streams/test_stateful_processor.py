@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from app.errors import DataError
 from app.forecasting.linear_ar import LinearAR
 from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.forecasting.training import TrainingConfig
@@ -157,3 +158,42 @@ def test_streams_advanced_together_equal_each_alone(many: StreamProcessor, lab) 
         assert a.samples == b.samples == rounds
         np.testing.assert_allclose(a.window, b.window, atol=1e-6)  # imputed: float32 rounding
     assert many.warmup_remaining(together[5]) == W - (rounds - 100)
+
+
+def test_a_tick_as_columns_equals_the_same_tick_as_batches(many: StreamProcessor, lab) -> None:  # type: ignore[no-untyped-def]
+    """`advance_tick` (the engine's columns) and `advance_many` (a batch per stream) agree
+    exactly, nulls and time gaps included; bad columns are refused before anything moves."""
+    _, values, references = lab
+    offsets = [13 * i for i in range(20)]
+    columns = [many.new_state() for _ in offsets]
+    batches = [many.new_state() for _ in offsets]
+    for k in range(W + 60):
+        tick = np.array([values[o + k] for o in offsets])
+        if k == W + 30:
+            tick[3] = np.nan
+        given = np.array([references[o + k] for o in offsets])
+        restart = np.array([(i, k) == (5, W + 20) for i in range(len(offsets))])
+        by_columns = many.advance_tick(columns, tick, given, restart)
+        by_batches = many.advance_many(
+            [
+                (state, tick[i : i + 1, None], given[i : i + 1], restart[i : i + 1])
+                for i, state in enumerate(batches)
+            ]
+        )
+        for a, b in zip(by_columns, by_batches, strict=True):
+            np.testing.assert_array_equal(a.residual, b.residual)
+            assert a.statistics.keys() == b.statistics.keys()
+            for kind in a.statistics:
+                np.testing.assert_array_equal(a.statistics[kind], b.statistics[kind])
+            assert (a.opened, a.closed, a.open_events) == (b.opened, b.closed, b.open_events)
+    assert [s.to_json() for s in columns] == [s.to_json() for s in batches]
+    before = [s.to_json() for s in columns]
+    for bad in (
+        dict(values=np.zeros(19)),
+        dict(values=np.full(20, np.inf)),
+        dict(values=np.zeros(20), references=np.zeros(3)),
+        dict(values=np.zeros(20), restart=np.zeros(2, dtype=bool)),
+    ):
+        with pytest.raises(DataError):
+            many.advance_tick(columns, **bad)
+    assert [s.to_json() for s in columns] == before
