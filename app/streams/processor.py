@@ -49,7 +49,7 @@ from app.monitoring.monitor import Monitor, MonitorConfig, MonitorSteps
 STATE_VERSION = 1
 DEFAULT_MAX_GAP = 10
 STEADY_TICKS = 8
-"""From this many single readings on, `advance_many` looks for steady streams to step together."""
+"""From this many single readings on, `advance_tick` looks for steady streams to step together."""
 DEFAULT_CHECKPOINT_EVERY = 1000
 """Readings between two checkpoints of a stream: what a restart replays at most."""
 
