@@ -117,6 +117,9 @@ def test_many_monitors_stepped_together_equal_each_stepped_alone(
         rows = np.array([records[i][0][tick - 60 * i] for i in active], dtype=np.float64)
         gaps = np.array([records[i][1][tick - 60 * i] for i in active], dtype=np.float64)
         steps = Monitor.update_many([together[i] for i in active], rows, gaps)
+        assert steps.still_open == {
+            row for row, i in enumerate(active) if together[i].open_events()
+        }  # the rows whose results need `open_events`, and only those
         for i, step in zip(active, steps, strict=True):
             assert step.sample == tick - 60 * i
             for kind, statistic in step.statistics.items():
