@@ -339,7 +339,8 @@ class StreamProcessor:
         """`advance` for many streams' batches (one per stream), each with the semantics of
         processing it alone; every stream with a single reading shares one forecaster call."""
         checked = [self._check(*batch, finite=False) for batch in batches]
-        self._refuse_infinite(checked)  # all validated before any change
+        # All validated before any change.
+        self._refuse_infinite([batch[1] for batch in checked], [batch[2] for batch in checked])
         results: list[BatchResult | None] = [None] * len(checked)
         singles = [i for i, batch in enumerate(checked) if batch[1].shape[0] == 1]
         for index, batch in enumerate(checked):
@@ -382,10 +383,7 @@ class StreamProcessor:
         restart = np.zeros(count, dtype=bool) if restart is None else np.asarray(restart, bool)
         if restart.shape != (count,):
             raise DataError(f"{restart.shape[0]} restart flags for {count} streams")
-        if np.isinf(values).any():
-            raise DataError("readings must be finite numbers or null")
-        if references is not None and np.isinf(references).any():
-            raise DataError("references must be finite numbers or null")
+        self._refuse_infinite([values], [references])
         return self._advance_tick(states, values, references, restart)
 
     def _advance_tick(
@@ -462,20 +460,18 @@ class StreamProcessor:
         restart = np.zeros(count, dtype=bool) if restart is None else np.asarray(restart, bool)
         checked = state, values, references, restart
         if finite:
-            self._refuse_infinite([checked])
+            self._refuse_infinite([values], [references])
         return checked
 
     @staticmethod
-    def _refuse_infinite(
-        checked: list[tuple[StreamState, np.ndarray, np.ndarray | None, np.ndarray]],
-    ) -> None:
+    def _refuse_infinite(values: list[np.ndarray], references: list[np.ndarray | None]) -> None:
         """One test for all the batches: per batch, numpy's overhead would cost more than it."""
-        if not checked:
+        if not values:
             return
-        if np.isinf(np.concatenate([batch[1].ravel() for batch in checked])).any():
+        if np.isinf(np.concatenate([array.ravel() for array in values])).any():
             raise DataError("readings must be finite numbers or null")
-        references = [batch[2] for batch in checked if batch[2] is not None]
-        if references and np.isinf(np.concatenate(references)).any():
+        given = [array for array in references if array is not None]
+        if given and np.isinf(np.concatenate(given)).any():
             raise DataError("references must be finite numbers or null")
 
     # -- one reading: bookkeeping, one (shared) forecaster call, monitor --
