@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,10 @@ from app.streams.processor import (
 )
 
 log = logging.getLogger(__name__)
+
+# A reading's fields, read by `map` over a batch (a third of a comprehension's cost per reading).
+_TIME, _VALUE, _VALUES = attrgetter("t"), attrgetter("value"), attrgetter("values")
+_REFERENCE = attrgetter("reference")
 
 QUICK_TICKS = 8
 """From this many single-reading streams in one request, they are validated together."""
@@ -523,7 +528,17 @@ class StreamEngine:
     def _validate(
         self, session: Session, live: LiveStream, readings: Sequence[ReadingIn], latest: datetime
     ) -> _Batch:
-        times = [reading.t for reading in readings]
+        times = list(map(_TIME, readings))
+        last_t = live.last_t
+        refused: DataError | None = None
+        try:
+            values = self._values(live, readings)
+        except DataError as exc:  # said after the time checks, which come first
+            values, refused = np.empty((0, len(live.channels))), exc
+        resent = 0 if last_t is None else bisect.bisect_right(times, last_t)
+        if refused is None:
+            # A long batch's forecasts start now, beside the checks below (see `run_ahead`).
+            live.processor.run_ahead(live.state, values[resent:])
         micros = reading_repo.micros(times)
         backwards = np.flatnonzero(np.diff(micros) <= 0) if len(times) > 1 else None
         if backwards is not None and len(backwards):
@@ -540,10 +555,9 @@ class StreamEngine:
                 "check the time stamps (seconds, not milliseconds, since the epoch?)",
                 reason="invalid",
             )
-        values = self._values(live, readings)
+        if refused is not None:
+            raise refused
         references = self._references(live, readings)
-        last_t = live.last_t
-        resent = 0 if last_t is None else bisect.bisect_right(times, last_t)
         if resent:
             self._check_resent(session, live, readings[:resent], values[:resent])
         fresh = list(readings[resent:])
@@ -644,10 +658,9 @@ class StreamEngine:
     def _values(self, live: LiveStream, readings: Sequence[ReadingIn]) -> np.ndarray:
         """(N, C) with NaN for nulls; a reading names the stream's channels or nothing else."""
         channels = live.channels
-        if len(channels) == 1:
-            single = [reading.value for reading in readings if reading.values is None]
-            if len(single) == len(readings):  # numpy makes None NaN
-                return np.array(single, dtype=np.float64).reshape(-1, 1)
+        if len(channels) == 1 and list(map(_VALUES, readings)).count(None) == len(readings):
+            # numpy makes None NaN
+            return np.array(list(map(_VALUE, readings)), dtype=np.float64).reshape(-1, 1)
         out = np.full((len(readings), len(channels)), np.nan)
         for index, reading in enumerate(readings):
             if reading.values is not None:
@@ -677,7 +690,7 @@ class StreamEngine:
         return out
 
     def _references(self, live: LiveStream, readings: Sequence[ReadingIn]) -> np.ndarray | None:
-        given = [reading.reference for reading in readings]
+        given = list(map(_REFERENCE, readings))
         if not live.has_reference:
             if given.count(None) != len(given):
                 raise DataError(

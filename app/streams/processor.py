@@ -29,6 +29,8 @@ forecaster call (one batched LSTM step for all of them), the rest go one by one.
 from __future__ import annotations
 
 import math
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +54,39 @@ STEADY_TICKS = 8
 """From this many single readings on, `advance_tick` looks for steady streams to step together."""
 DEFAULT_CHECKPOINT_EVERY = 1000
 """Readings between two checkpoints of a stream: what a restart replays at most."""
+RUN_AHEAD_MIN = 64
+"""From this many readings of one stream on, `run_ahead` starts the stateful model's run while
+the batch is still being validated (below it the hand-off costs more than it hides)."""
+
+_run_ahead_lock = threading.Lock()
+_run_ahead_pool: ThreadPoolExecutor | None = None
+
+
+def _run_ahead_executor() -> ThreadPoolExecutor:
+    global _run_ahead_pool
+    with _run_ahead_lock:
+        if _run_ahead_pool is None:
+            _run_ahead_pool = ThreadPoolExecutor(2, thread_name_prefix="twinwatch-run-ahead")
+        return _run_ahead_pool
+
+
+@dataclass(slots=True)
+class RunAhead:
+    """A stateful model's run over a batch (`readings`: the window's last reading, then the
+    batch), started from `recurrent` in a helper thread. The LSTM releases the GIL, so it runs
+    on the second core while the engine validates the batch; `_run` takes its result only for
+    exactly these inputs, else computes its own."""
+
+    recurrent: LSTMState
+    readings: np.ndarray
+    result: Future[tuple[np.ndarray, LSTMState]]
+
+    def matches(self, readings: np.ndarray, recurrent: LSTMState) -> bool:
+        return (
+            recurrent is self.recurrent
+            and readings.shape == self.readings.shape
+            and np.array_equal(readings, self.readings)
+        )
 
 
 @dataclass
@@ -70,6 +105,8 @@ class StreamState:
     # then ((horizon,)); None for window forecasters and while the window is empty.
     recurrent: LSTMState | None = None
     pending: np.ndarray | None = None
+    # The run over the batch being validated, when `StreamProcessor.run_ahead` started one.
+    ahead: RunAhead | None = field(default=None, repr=False, compare=False)
 
     def copy(self) -> StreamState:
         """An independent copy (the monitor through its exact JSON state)."""
@@ -299,6 +336,32 @@ class StreamProcessor:
         if imputed.shape[0] == self.window and not imputed.any():
             return self._all_real
         return imputed
+
+    def run_ahead(self, state: StreamState, values: np.ndarray) -> None:
+        """Start the stateful model's run over a long batch of real readings that continues
+        the stream, before the batch is validated; `advance` uses it if the batch turns out to
+        be what was assumed (no time gap), else ignores it."""
+        state.ahead = None
+        stateful, recurrent = self.stateful, state.recurrent
+        if stateful is None or recurrent is None or values.shape[0] < RUN_AHEAD_MIN:
+            return
+        if not state.window.shape[0] or not np.isfinite(values).all():
+            return
+        readings = np.concatenate((state.window[-1:], values))
+        started = threading.Event()
+
+        def run() -> tuple[np.ndarray, LSTMState]:
+            started.set()
+            return stateful.run(readings, recurrent)
+
+        try:
+            future = _run_ahead_executor().submit(run)
+        except RuntimeError:  # the interpreter is shutting down: compute it in `advance`
+            return
+        state.ahead = RunAhead(recurrent, readings, future)
+        # Hand the GIL over until the helper is under way: it gives it back inside the LSTM,
+        # where torch releases it (else it would wait for the interpreter's 5 ms switch).
+        started.wait()
 
     def warmup_remaining(self, state: StreamState) -> int:
         """Readings still needed before the stream forecasts (and alarms) again."""
@@ -697,6 +760,7 @@ class StreamProcessor:
         imputed_buffer = np.zeros(kept + count, dtype=bool)
         imputed_buffer[:kept] = state.imputed
         recurrent, pending = state.recurrent, state.pending  # stateful: after buffer[end - 1]
+        ahead, state.ahead = state.ahead, None
         # Per reading: its position in `buffer` (-1 when it is not appended) and the position
         # where its window's continuous run begins.
         forecast = np.full(count, np.nan)
@@ -706,6 +770,7 @@ class StreamProcessor:
         end = kept
         missing_run = state.missing_run
         missing = np.isnan(values).any(axis=1)
+        breaks = np.append(np.flatnonzero(missing | restart), count)  # where runs of real end
         index = 0
         while index < count:
             if restart[index]:
@@ -736,9 +801,7 @@ class StreamProcessor:
                 index += 1
                 continue
             # A run of real readings up to the next null or time gap: one batched forecast.
-            stop = index + 1
-            while stop < count and not missing[stop] and not restart[stop]:
-                stop += 1
+            stop = int(breaks[np.searchsorted(breaks, index, side="right")])
             length = stop - index
             buffer[end : end + length] = values[index:stop]
             positions = np.arange(end, end + length)
@@ -750,6 +813,7 @@ class StreamProcessor:
                     buffer[end - 1 if continued else end : end + length],
                     recurrent if continued else None,
                     pending if continued else None,
+                    ahead,
                 )
                 forecast[index:stop][warm] = made[warm]
             elif warm.any():
@@ -809,7 +873,11 @@ class StreamProcessor:
         )
 
     def _run(
-        self, readings: np.ndarray, recurrent: LSTMState | None, pending: np.ndarray | None
+        self,
+        readings: np.ndarray,
+        recurrent: LSTMState | None,
+        pending: np.ndarray | None,
+        ahead: RunAhead | None = None,
     ) -> tuple[LSTMState, np.ndarray, np.ndarray]:
         """Step the stateful model over consecutive readings. `readings[0]` is the run's last
         reading so far when `recurrent` is given (its forecast is `pending`), else the first of a
@@ -823,7 +891,10 @@ class StreamProcessor:
         assert pending is not None
         if readings.shape[0] < 2:  # a new run's first reading: nothing to step yet
             return recurrent, pending, np.array([math.nan])
-        out, recurrent = self.stateful.run(readings, recurrent)
+        if ahead is not None and ahead.matches(readings, recurrent):
+            out, recurrent = ahead.result.result()
+        else:
+            out, recurrent = self.stateful.run(readings, recurrent)
         # out[j] is the forecast made after readings[j + 1].
         before = [math.nan, math.nan] if fresh else [float(pending[0])]
         forecasts = np.concatenate([before, out[:-1, 0]])

@@ -191,6 +191,10 @@ def test_micros_of_times_in_one_zone_are_exact(zone: str) -> None:
         parsed = [t.astimezone(paris) for t in utc_times]
     expected = [(t - reading_repo.EPOCH) // timedelta(microseconds=1) for t in utc_times]
     assert reading_repo.micros(parsed).tolist() == expected
+    # Led by a time in another fixed zone, the others are subtracted with their offsets.
+    led = [datetime(2026, 3, 29, tzinfo=timezone(timedelta(hours=3))), *parsed]
+    first = (led[0] - reading_repo.EPOCH) // timedelta(microseconds=1)
+    assert reading_repo.micros(led).tolist() == [first, *expected]
 
 
 def test_batches_of_mismatched_shapes_are_refused(stream_db: Database) -> None:

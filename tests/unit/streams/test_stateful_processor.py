@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from app.forecasting.training import TrainingConfig
 from app.monitoring.calibration import HoldOut, calibrate_margins
 from app.monitoring.monitor import Monitor
 from app.series import Series
-from app.streams.processor import StreamProcessor
+from app.streams.processor import RUN_AHEAD_MIN, BatchResult, StreamProcessor
 from tests.support.processing import same_events, stream
 
 W = 64
@@ -122,6 +123,63 @@ def test_a_long_gap_restarts_the_recurrence(lab) -> None:  # type: ignore[no-unt
     fresh = processor.new_state()
     expected = processor.advance(fresh, values[320:900, None])
     np.testing.assert_allclose(result.residual[320:], expected.residual, atol=1e-6)
+
+
+def same_result(a: BatchResult, b: BatchResult) -> bool:
+    return all(
+        np.array_equal(x, y, equal_nan=True)
+        for x, y in zip(
+            (a.forecast, a.residual, *a.statistics.values()),
+            (b.forecast, b.residual, *b.statistics.values()),
+            strict=True,
+        )
+    )
+
+
+@pytest.mark.parametrize("case", ["as assumed", "time gap", "other readings", "moved on"])
+def test_a_run_started_ahead_is_used_only_for_the_batch_it_assumed(  # type: ignore[no-untyped-def]
+    lab, case: str, monkeypatch
+) -> None:
+    """`run_ahead` bets on a long batch that continues the stream; whatever the batch turns out
+    to be, the results are exactly those of a stream that never ran ahead."""
+    processor, values, references = lab
+    state, _ = processor.process(processor.new_state(), values[:300, None], references[:300])
+    batch, refs = values[300:500, None], references[300:500]
+    restart = np.zeros(200, dtype=bool)
+    if case == "time gap":
+        restart[120] = True
+    ahead = state.copy()
+    processor.run_ahead(ahead, batch if case != "other readings" else batch + 1.0)
+    assert ahead.ahead is not None
+    if case == "moved on":  # another batch came first: its state is not the one bet on
+        processor.advance(ahead, batch[:1], refs[:1])
+        processor.advance(state, batch[:1], refs[:1])
+        batch, refs, restart = batch[1:], refs[1:], restart[1:]
+    runs: list[threading.Thread] = []  # which thread computed each run from here on
+    run = processor.stateful.run
+    monkeypatch.setattr(
+        processor.stateful, "run", lambda *a: runs.append(threading.current_thread()) or run(*a)
+    )
+    got = processor.advance(ahead, batch, refs, restart)
+    assert (threading.current_thread() not in runs) == (case == "as assumed")
+    monkeypatch.undo()
+    assert same_result(got, processor.advance(state, batch, refs, restart))
+    assert ahead.ahead is None
+    assert json.dumps(ahead.to_json()) == json.dumps(state.to_json())
+
+
+def test_no_run_ahead_for_short_batches_nulls_or_a_cold_stream(lab) -> None:  # type: ignore[no-untyped-def]
+    processor, values, references = lab
+    state, _ = processor.process(processor.new_state(), values[:300, None], references[:300])
+    nulls = values[300:400, None].copy()
+    nulls[5] = np.nan
+    for stream_state, batch in (
+        (state, values[300 : 300 + RUN_AHEAD_MIN - 1, None]),
+        (state, nulls),
+        (processor.new_state(), values[:100, None]),
+    ):
+        processor.run_ahead(stream_state, batch)
+        assert stream_state.ahead is None
 
 
 @pytest.fixture(scope="module", params=["lstm-stateful", "linear-ar"])
