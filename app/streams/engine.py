@@ -490,20 +490,30 @@ class StreamEngine:
         restart = (last != never) & ((micros - np.where(last == never, 0, last)) / 1e6 > limits)
         values = np.array([reading.value for reading in readings], dtype=np.float64)[:, None]
         tick = _Tick(values, restart)
+        # Each stream's one-reading arrays as views, by iterating (cheaper than slicing).
         return {
             row: _Batch(
                 live=live,
                 fresh=[reading],
                 resent=0,
-                micros=micros[k : k + 1],
-                values=values[k : k + 1],
+                micros=micro,
+                values=value,
                 references=None,
-                restart=restart[k : k + 1],
+                restart=gap,
                 tick=tick,
                 row=k,
             )
-            for k, (row, live, reading, ok) in enumerate(
-                zip(rows, streams, readings, fresh.tolist(), strict=True)
+            for k, (row, live, reading, ok, micro, value, gap) in enumerate(
+                zip(
+                    rows,
+                    streams,
+                    readings,
+                    fresh.tolist(),
+                    micros[:, None],
+                    values[:, None],
+                    restart[:, None],
+                    strict=True,
+                )
             )
             if ok
         }
@@ -816,9 +826,10 @@ class StreamEngine:
             return
         series.residual = live.state.last_residual
         series.statistics.update(live.state.last_statistics)
-        open_now = {event.detector for event in result.open_events}
-        for detector in series.active:
-            series.active[detector] = detector in open_now
+        if result.open_events or True in series.active.values():  # (else all stay False)
+            open_now = {event.detector for event in result.open_events}
+            for detector in series.active:
+                series.active[detector] = detector in open_now
         for alarm in outcome.opened:
             series.alarms[alarm.detector] = series.alarms.get(alarm.detector, 0.0) + 1
 

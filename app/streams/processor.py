@@ -89,6 +89,35 @@ class RunAhead:
         )
 
 
+@dataclass(slots=True)
+class WindowRing:
+    """A steady stream's window as a view into a buffer of twice its length: a new reading is
+    written in place and the view moves on, so the window is copied once every W readings
+    instead of once per reading. A window set by any other path is taken in afresh."""
+
+    buffer: np.ndarray  # (2W, C)
+    end: int  # the window is buffer[end - W : end]
+    view: np.ndarray
+
+    @classmethod
+    def of(cls, window: np.ndarray) -> WindowRing:
+        length = window.shape[0]
+        buffer = np.empty((2 * length, window.shape[1]))
+        buffer[:length] = window
+        return cls(buffer, length, buffer[:length])
+
+    def push(self, row: np.ndarray) -> np.ndarray:
+        """The window with `row` appended and its oldest reading dropped."""
+        buffer, end, length = self.buffer, self.end, self.view.shape[0]
+        if end == buffer.shape[0]:
+            buffer[: length - 1] = buffer[end - length + 1 : end]
+            end = length - 1
+        buffer[end] = row
+        self.end = end = end + 1
+        self.view = buffer[end - length : end]
+        return self.view
+
+
 @dataclass
 class StreamState:
     """Everything a stream carries from one reading to the next. O(W) memory, whatever its age."""
@@ -107,6 +136,8 @@ class StreamState:
     pending: np.ndarray | None = None
     # The run over the batch being validated, when `StreamProcessor.run_ahead` started one.
     ahead: RunAhead | None = field(default=None, repr=False, compare=False)
+    # What `window` is a view of while the stream is steady (see `_advance_steady`).
+    ring: WindowRing | None = field(default=None, repr=False, compare=False)
 
     def copy(self) -> StreamState:
         """An independent copy (the monitor through its exact JSON state)."""
@@ -638,7 +669,6 @@ class StreamProcessor:
     ) -> list[BatchResult]:
         """`_plan`, `_forecast_plans` and `_finish` for steady streams (see `_steady`), with
         one numpy call per quantity across them: the same arithmetic on the same numbers."""
-        W = self.window
         stateful = self.stateful
         if stateful is not None:
             pending = [state.pending for state in states]
@@ -665,14 +695,18 @@ class StreamProcessor:
         }
         latest = {kind: column.tolist() for kind, column in steps.statistics.items()}
         forecasts, residuals = forecast.tolist(), residual.tolist()
+        if stateful is not None:
+            # Each stream's (layers, 1, hidden) view of the tick's state, by iteration.
+            own_h = after.h.transpose(1, 0, 2)[:, :, None]
+            own_c = after.c.transpose(1, 0, 2)[:, :, None]
+            for state, pending, h, c in zip(states, made, own_h, own_c, strict=True):
+                state.pending, state.recurrent = pending, LSTMState(h=h, c=c)
         results = []
-        for index, state in enumerate(states):
-            if stateful is not None:
-                state.pending = made[index]
-                state.recurrent = LSTMState(
-                    h=after.h[:, index : index + 1], c=after.c[:, index : index + 1]
-                )
-            state.window = np.concatenate((state.window[-(W - 1) :], values[index : index + 1]))
+        for index, (state, row) in enumerate(zip(states, values, strict=True)):
+            ring = state.ring
+            if ring is None or ring.view is not state.window:
+                ring = state.ring = WindowRing.of(state.window)
+            state.window = ring.push(row)
             state.missing_run = 0
             self._remember(state, forecasts[index], residuals[index], latest, index)
             results.append(self._result(state, index, columns, steps))

@@ -5,13 +5,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from app.errors import ArtifactError, DataError
 from app.forecasting.artifacts import build_forecaster, load_model, save_model
 from app.forecasting.lstm import LSTMForecaster
 from app.forecasting.stateful_lstm import (
     CELL_STEP_LIMIT,
+    NUMPY_STEP_LIMIT,
     LSTMState,
+    NumpyLSTM,
     StatefulLSTMForecaster,
     state_from_json,
     state_to_json,
@@ -118,6 +121,24 @@ def test_a_large_batch_of_streams_equals_each_stream_alone(
         alone, state = tiny.run(streams[:, s])
         np.testing.assert_allclose(batch[s], alone[-1], rtol=0, atol=1e-6)
         np.testing.assert_allclose(together.select([s]).h, state.h, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("streams", [1, NUMPY_STEP_LIMIT - 1, NUMPY_STEP_LIMIT, CELL_STEP_LIMIT])
+def test_the_numpy_step_and_torchs_steps_agree(tiny: StatefulLSTMForecaster, streams: int) -> None:
+    """Few streams are stepped in numpy, more by torch's cell, many by nn.LSTM: one network."""
+    rng = np.random.default_rng(streams)
+    state = tiny.initial_state(streams)
+    state.h[:] = rng.normal(size=state.h.shape)
+    state.c[:] = rng.normal(size=state.c.shape)
+    x = rng.normal(scale=30.0, size=(streams, 1)).astype(np.float32)  # saturating gates too
+    out, h, c = NumpyLSTM.of(tiny.module_).step(x, state.h, state.c)
+    with torch.inference_mode():
+        start = (torch.from_numpy(state.h), torch.from_numpy(state.c))
+        out_torch, (h_torch, c_torch) = tiny.module_.step(torch.from_numpy(x), start)
+        fused, _ = tiny.module_.sequence(torch.from_numpy(x)[:, None], start)
+    for mine, theirs in ((out, out_torch), (out, fused[:, 0]), (h, h_torch), (c, c_torch)):
+        assert mine.dtype == np.float32
+        np.testing.assert_allclose(mine, theirs.numpy(), rtol=0, atol=1e-6)
 
 
 def test_a_window_forecast_is_a_stream_run_over_that_window(
