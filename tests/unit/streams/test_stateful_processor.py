@@ -15,7 +15,13 @@ from app.forecasting.training import TrainingConfig
 from app.monitoring.calibration import HoldOut, calibrate_margins
 from app.monitoring.monitor import Monitor
 from app.series import Series
-from app.streams.processor import RUN_AHEAD_MIN, BatchResult, StreamProcessor
+from app.streams.processor import (
+    RUN_AHEAD_MIN,
+    STEADY_TICKS,
+    BatchResult,
+    StreamProcessor,
+    WindowRing,
+)
 from tests.support.processing import same_events, stream
 
 W = 64
@@ -255,3 +261,39 @@ def test_a_tick_as_columns_equals_the_same_tick_as_batches(many: StreamProcessor
         with pytest.raises(DataError):
             many.advance_tick(columns, **bad)
     assert [s.to_json() for s in columns] == before
+
+
+def test_a_window_ring_moves_like_a_copied_window() -> None:
+    window = np.arange(5.0)[:, None]
+    ring = WindowRing.of(window)
+    for value in range(5, 40):  # wraps every 5 readings
+        expected = np.concatenate([window[1:], [[float(value)]]])
+        window = ring.push(np.array([float(value)]))
+        np.testing.assert_array_equal(window, expected)
+
+
+def test_steady_ticks_past_the_rings_wrap_equal_one_batch_per_stream(
+    many: StreamProcessor, lab
+) -> None:  # type: ignore[no-untyped-def]
+    """Stepped tick by tick for three windows (the steady path's ring wraps, a null and a time
+    gap send streams off it and back), the streams end exactly where a batch each leaves them."""
+    _, values, references = lab
+    offsets = [29 * i for i in range(STEADY_TICKS + 2)]
+    ticked = [many.new_state() for _ in offsets]
+    ticks = 3 * W + 10
+    gaps = np.zeros((len(offsets), ticks), dtype=bool)
+    gaps[1, 2 * W] = True
+    series = np.array([values[o : o + ticks] for o in offsets])
+    series[2, W + 40] = np.nan
+    for k in range(ticks):
+        many.advance_tick(ticked, series[:, k], references[: len(offsets)] * 0 + np.nan, gaps[:, k])
+    for i, state in enumerate(ticked):
+        alone = many.new_state()
+        many.advance(alone, series[i][:, None], None, gaps[i])
+        np.testing.assert_array_equal(state.window, alone.window)  # what the ring holds
+        assert (state.imputed.tolist(), state.samples) == (alone.imputed.tolist(), alone.samples)
+        # The rest went through other kernels (a step per tick, a run per batch): float32
+        # rounding apart.
+        assert state.last_forecast == pytest.approx(alone.last_forecast, abs=1e-6)
+        if state.recurrent is not None and alone.recurrent is not None:
+            np.testing.assert_allclose(state.recurrent.h, alone.recurrent.h, rtol=0, atol=1e-6)
