@@ -490,19 +490,10 @@ class StreamEngine:
         restart = (last != never) & ((micros - np.where(last == never, 0, last)) / 1e6 > limits)
         values = np.array([reading.value for reading in readings], dtype=np.float64)[:, None]
         tick = _Tick(values, restart)
-        # Each stream's one-reading arrays as views, by iterating (cheaper than slicing).
+        # Each stream's one-reading arrays as views, by iterating (cheaper than slicing), and
+        # its batch built positionally (a third of the keywords' cost).
         return {
-            row: _Batch(
-                live=live,
-                fresh=[reading],
-                resent=0,
-                micros=micro,
-                values=value,
-                references=None,
-                restart=gap,
-                tick=tick,
-                row=k,
-            )
+            row: _Batch(live, [reading], 0, micro, value, None, gap, None, tick, k)
             for k, (row, live, reading, ok, micro, value, gap) in enumerate(
                 zip(
                     rows,
@@ -606,13 +597,13 @@ class StreamEngine:
 
     def _write(self, session: Session, batches: list[_Batch]) -> list[IngestOutcome]:
         """The readings, alarm changes and due checkpoints of the advanced batches."""
-        stored = [
+        stored = [  # (positional: a third of the keywords' cost, and there is one per stream)
             reading_repo.NewBatch(
-                stream_id=batch.live.stream_id,
-                first_sample=batch.result.first_sample,
-                micros=batch.micros,
-                values=batch.values,
-                references=batch.references,
+                batch.live.stream_id,
+                batch.result.first_sample,
+                batch.micros,
+                batch.values,
+                batch.references,
             )
             for batch in batches
             if batch.result is not None

@@ -700,7 +700,7 @@ class StreamProcessor:
             own_h = after.h.transpose(1, 0, 2)[:, :, None]
             own_c = after.c.transpose(1, 0, 2)[:, :, None]
             for state, pending, h, c in zip(states, made, own_h, own_c, strict=True):
-                state.pending, state.recurrent = pending, LSTMState(h=h, c=c)
+                state.pending, state.recurrent = pending, LSTMState(h, c)
         results = []
         for index, (state, row) in enumerate(zip(states, values, strict=True)):
             ring = state.ring
