@@ -150,8 +150,17 @@ def free_port() -> int:
 class Server:
     """A server subprocess on a loopback port, logging to a file."""
 
-    def __init__(self, name: str, command: Sequence[str], env: dict[str, str], log: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        command: Sequence[str],
+        env: dict[str, str],
+        log: Path,
+        *,
+        cwd: Path = ROOT,
+    ) -> None:
         self.name = name
+        self.cwd = cwd
         self.port = free_port()
         self.command = [*command, "--port", str(self.port)]
         self.env = env
@@ -167,7 +176,7 @@ class Server:
     def launch(self) -> None:
         self._log = self.log_path.open("wb")
         self.process = subprocess.Popen(
-            self.command, env=self.env, cwd=ROOT, stdout=self._log, stderr=subprocess.STDOUT
+            self.command, env=self.env, cwd=self.cwd, stdout=self._log, stderr=subprocess.STDOUT
         )
 
     def wait_ready(self, path: str, limit_s: float = 120.0) -> None:
