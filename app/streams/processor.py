@@ -699,8 +699,8 @@ class StreamProcessor:
             # Each stream's (layers, 1, hidden) view of the tick's state, by iteration.
             own_h = after.h.transpose(1, 0, 2)[:, :, None]
             own_c = after.c.transpose(1, 0, 2)[:, :, None]
-            for state, pending, h, c in zip(states, made, own_h, own_c, strict=True):
-                state.pending, state.recurrent = pending, LSTMState(h, c)
+            for state, forecasts_made, h, c in zip(states, made, own_h, own_c, strict=True):
+                state.pending, state.recurrent = forecasts_made, LSTMState(h, c)
         results = []
         for index, (state, row) in enumerate(zip(states, values, strict=True)):
             ring = state.ring
