@@ -136,6 +136,36 @@ def test_a_tick_refuses_a_bad_stream_with_its_own_error(database: Database, mode
     assert [engine.position(name) for name in names] == before  # nothing moved
 
 
+def test_a_long_batch_refused_after_its_forecasts_started_moves_nothing(
+    database: Database, models: Path
+) -> None:
+    """A batch long enough for the run-ahead (its LSTM starts before the time checks) that the
+    checks then refuse: nothing moves, and the stream goes on exactly as one that never saw
+    it, through long batches the run-ahead bets right on (one of them led by re-sends)."""
+    engine = make_engine(database, models, ["bet", "plain"])
+    for name in ("bet", "plain"):
+        engine.ingest(name, [reading(0, s) for s in range(-300, 0)])
+    backwards = [reading(0, s) for s in range(100)]
+    backwards[70] = reading(0, 10)  # time goes back in the middle
+    with pytest.raises(DataError, match=r"readings\[70\]\.t .* is not after"):
+        engine.ingest("bet", backwards)
+    unknown = [
+        *(reading(0, s) for s in range(99)),
+        ReadingIn(t=reading(0, 99).t, values={"x": 1.0}),
+    ]
+    with pytest.raises(DataError, match="unknown channel"):
+        engine.ingest("bet", unknown)
+    assert engine.position("bet") == engine.position("plain")
+    for batch in ([reading(0, s) for s in range(100)], [reading(0, s) for s in range(90, 200)]):
+        got = [engine.ingest(name, batch) for name in ("bet", "plain")]
+        assert got[0].duplicates == got[1].duplicates
+        assert got[0].result is not None and got[1].result is not None
+        np.testing.assert_array_equal(got[0].result.residual, got[1].result.residual)
+        for kind, column in got[0].result.statistics.items():
+            np.testing.assert_array_equal(column, got[1].result.statistics[kind])
+    assert engine.position("bet") == engine.position("plain")
+
+
 def test_a_tick_of_streams_configured_apart_steps_each_with_its_own_detectors(
     database: Database, models: Path
 ) -> None:
