@@ -15,9 +15,10 @@ import logging
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from operator import attrgetter
 from typing import Any
 
@@ -37,6 +38,7 @@ from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
+from app.streams.helpers import helper_pool
 from app.streams.processor import (
     DEFAULT_CHECKPOINT_EVERY,
     DEFAULT_MAX_GAP,
@@ -529,17 +531,51 @@ class StreamEngine:
     def _validate(
         self, session: Session, live: LiveStream, readings: Sequence[ReadingIn], latest: datetime
     ) -> _Batch:
-        times = list(map(_TIME, readings))
         last_t = live.last_t
         refused: DataError | None = None
         try:
             values = self._values(live, readings)
         except DataError as exc:  # said after the time checks, which come first
             values, refused = np.empty((0, len(live.channels))), exc
-        resent = 0 if last_t is None else bisect.bisect_right(times, last_t)
-        if refused is None:
-            # A long batch's forecasts start now, beside the checks below (see `run_ahead`).
-            live.processor.run_ahead(live.state, values[resent:])
+        times: list[datetime] | None = None
+        resent = 0
+        if last_t is not None and readings and readings[0].t <= last_t:
+            times = list(map(_TIME, readings))
+            resent = bisect.bisect_right(times, last_t)
+        processor, state = live.processor, live.state
+        checks = None
+        if refused is None and processor.can_run_ahead(state, values[resent:]):
+            # A long batch's forecasts run here while a helper checks its times: the LSTM
+            # releases the GIL, so the checks cost the request nothing.
+            with suppress(RuntimeError):  # (raised once the interpreter is shutting down)
+                checks = helper_pool().submit(partial(self._checked_times, readings, latest, times))
+            processor.run_ahead(state, values[resent:])
+        _, micros = (
+            self._checked_times(readings, latest, times) if checks is None else checks.result()
+        )
+        if refused is not None:
+            raise refused
+        references = self._references(live, readings)
+        if resent:
+            self._check_resent(session, live, readings[:resent], values[:resent])
+        fresh = list(readings[resent:])
+        return _Batch(
+            live=live,
+            fresh=fresh,
+            resent=resent,
+            micros=micros[resent:],
+            values=values[resent:],
+            references=None if references is None else references[resent:],
+            restart=self._restarts(live.last_micro, micros[resent:], live.sample_period_s),
+        )
+
+    def _checked_times(
+        self, readings: Sequence[ReadingIn], latest: datetime, times: list[datetime] | None
+    ) -> tuple[list[datetime], np.ndarray]:
+        """The readings' times (and as microseconds), refused unless they increase and stay
+        within `max_future` of the server clock. Pure: it may run in a helper thread."""
+        if times is None:
+            times = list(map(_TIME, readings))
         micros = reading_repo.micros(times)
         backwards = np.flatnonzero(np.diff(micros) <= 0) if len(times) > 1 else None
         if backwards is not None and len(backwards):
@@ -556,21 +592,7 @@ class StreamEngine:
                 "check the time stamps (seconds, not milliseconds, since the epoch?)",
                 reason="invalid",
             )
-        if refused is not None:
-            raise refused
-        references = self._references(live, readings)
-        if resent:
-            self._check_resent(session, live, readings[:resent], values[:resent])
-        fresh = list(readings[resent:])
-        return _Batch(
-            live=live,
-            fresh=fresh,
-            resent=resent,
-            micros=micros[resent:],
-            values=values[resent:],
-            references=None if references is None else references[resent:],
-            restart=self._restarts(live.last_micro, micros[resent:], live.sample_period_s),
-        )
+        return times, micros
 
     def _advance(self, batches: list[_Batch]) -> None:
         """Forecast and monitor every batch, grouped by processor (model and detectors)."""

@@ -29,8 +29,6 @@ forecaster call (one batched LSTM step for all of them), the rest go one by one.
 from __future__ import annotations
 
 import math
-import threading
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,31 +53,20 @@ STEADY_TICKS = 8
 DEFAULT_CHECKPOINT_EVERY = 1000
 """Readings between two checkpoints of a stream: what a restart replays at most."""
 RUN_AHEAD_MIN = 64
-"""From this many readings of one stream on, `run_ahead` starts the stateful model's run while
-the batch is still being validated (below it the hand-off costs more than it hides)."""
-
-_run_ahead_lock = threading.Lock()
-_run_ahead_pool: ThreadPoolExecutor | None = None
-
-
-def _run_ahead_executor() -> ThreadPoolExecutor:
-    global _run_ahead_pool
-    with _run_ahead_lock:
-        if _run_ahead_pool is None:
-            _run_ahead_pool = ThreadPoolExecutor(2, thread_name_prefix="twinwatch-run-ahead")
-        return _run_ahead_pool
+"""From this many readings of one stream on, `run_ahead` runs the stateful model before the
+batch is validated, while a helper thread checks it (below, the hand-off costs more than it
+hides)."""
 
 
 @dataclass(slots=True)
 class RunAhead:
     """A stateful model's run over a batch (`readings`: the window's last reading, then the
-    batch), started from `recurrent` in a helper thread. The LSTM releases the GIL, so it runs
-    on the second core while the engine validates the batch; `_run` takes its result only for
-    exactly these inputs, else computes its own."""
+    batch) from `recurrent`, computed before the batch was validated (`run_ahead`); `_run`
+    takes its result only for exactly these inputs, else computes its own."""
 
     recurrent: LSTMState
     readings: np.ndarray
-    result: Future[tuple[np.ndarray, LSTMState]]
+    result: tuple[np.ndarray, LSTMState]
 
     def matches(self, readings: np.ndarray, recurrent: LSTMState) -> bool:
         return (
@@ -368,31 +355,30 @@ class StreamProcessor:
             return self._all_real
         return imputed
 
+    def can_run_ahead(self, state: StreamState, values: np.ndarray) -> bool:
+        """Whether `run_ahead` would compute anything for this batch: a long batch of real
+        readings of a warm stateful stream (below RUN_AHEAD_MIN the checks it lets run beside
+        the forecasts cost less than handing them over)."""
+        return (
+            self.stateful is not None
+            and state.recurrent is not None
+            and values.shape[0] >= RUN_AHEAD_MIN
+            and state.window.shape[0] > 0
+            and bool(np.isfinite(values).all())
+        )
+
     def run_ahead(self, state: StreamState, values: np.ndarray) -> None:
-        """Start the stateful model's run over a long batch of real readings that continues
-        the stream, before the batch is validated; `advance` uses it if the batch turns out to
-        be what was assumed (no time gap), else ignores it."""
+        """Run the stateful model over a long batch that continues the stream before the batch
+        is validated (the engine checks its times meanwhile, in another thread: the LSTM
+        releases the GIL). `advance` uses the run if the batch turns out to be what was assumed
+        (no time gap), else ignores it."""
         state.ahead = None
-        stateful, recurrent = self.stateful, state.recurrent
-        if stateful is None or recurrent is None or values.shape[0] < RUN_AHEAD_MIN:
+        if not self.can_run_ahead(state, values):
             return
-        if not state.window.shape[0] or not np.isfinite(values).all():
-            return
+        assert self.stateful is not None and state.recurrent is not None
         readings = np.concatenate((state.window[-1:], values))
-        started = threading.Event()
-
-        def run() -> tuple[np.ndarray, LSTMState]:
-            started.set()
-            return stateful.run(readings, recurrent)
-
-        try:
-            future = _run_ahead_executor().submit(run)
-        except RuntimeError:  # the interpreter is shutting down: compute it in `advance`
-            return
-        state.ahead = RunAhead(recurrent, readings, future)
-        # Hand the GIL over until the helper is under way: it gives it back inside the LSTM,
-        # where torch releases it (else it would wait for the interpreter's 5 ms switch).
-        started.wait()
+        result = self.stateful.run(readings, state.recurrent)
+        state.ahead = RunAhead(state.recurrent, readings, result)
 
     def warmup_remaining(self, state: StreamState) -> int:
         """Readings still needed before the stream forecasts (and alarms) again."""
@@ -926,7 +912,7 @@ class StreamProcessor:
         if readings.shape[0] < 2:  # a new run's first reading: nothing to step yet
             return recurrent, pending, np.array([math.nan])
         if ahead is not None and ahead.matches(readings, recurrent):
-            out, recurrent = ahead.result.result()
+            out, recurrent = ahead.result
         else:
             out, recurrent = self.stateful.run(readings, recurrent)
         # out[j] is the forecast made after readings[j + 1].

@@ -21,6 +21,7 @@ from app.schemas import ReadingIn
 from app.storage.db import Database
 from app.storage.repositories import streams as stream_repo
 from app.streams.engine import QUICK_TICKS, IngestOutcome, StreamEngine
+from app.streams.processor import RUN_AHEAD_MIN
 from tests.integration.conftest import make_stream
 from tests.support.models import lab_series, stateful_lab_model
 
@@ -139,9 +140,10 @@ def test_a_tick_refuses_a_bad_stream_with_its_own_error(database: Database, mode
 def test_a_long_batch_refused_after_its_forecasts_started_moves_nothing(
     database: Database, models: Path
 ) -> None:
-    """A batch long enough for the run-ahead (its LSTM starts before the time checks) that the
-    checks then refuse: nothing moves, and the stream goes on exactly as one that never saw
-    it, through long batches the run-ahead bets right on (one of them led by re-sends)."""
+    """A batch long enough for the run-ahead (its LSTM runs while a helper thread checks its
+    times) that the checks then refuse: nothing moves, and the stream goes on exactly as one
+    that never saw it, through long batches the run-ahead bets right on (one of them led by
+    re-sends)."""
     engine = make_engine(database, models, ["bet", "plain"])
     for name in ("bet", "plain"):
         engine.ingest(name, [reading(0, s) for s in range(-300, 0)])
@@ -164,6 +166,28 @@ def test_a_long_batch_refused_after_its_forecasts_started_moves_nothing(
         for kind, column in got[0].result.statistics.items():
             np.testing.assert_array_equal(column, got[1].result.statistics[kind])
     assert engine.position("bet") == engine.position("plain")
+
+
+def test_a_long_batch_is_checked_in_a_helper_while_its_forecasts_run(
+    database: Database, models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The time checks of a long batch of a warm stream run in a helper thread, beside its
+    forecasts in the request's thread; a short batch is checked where it is."""
+    engine = make_engine(database, models, ["long"])
+    checked_in: list[threading.Thread] = []
+    check = StreamEngine._checked_times
+
+    def recording(self: StreamEngine, *args: Any) -> Any:
+        checked_in.append(threading.current_thread())
+        return check(self, *args)
+
+    monkeypatch.setattr(StreamEngine, "_checked_times", recording)
+    engine.ingest("long", [reading(0, s) for s in range(-300, 0)])  # cold: no run-ahead
+    engine.ingest("long", [reading(0, s) for s in range(0, RUN_AHEAD_MIN)])
+    engine.ingest("long", [reading(0, s) for s in range(RUN_AHEAD_MIN, RUN_AHEAD_MIN + 5)])
+    here = threading.current_thread()
+    assert [thread is here for thread in checked_in] == [True, False, True]
+    assert checked_in[1].name.startswith("twinwatch-helper")
 
 
 def test_a_tick_of_streams_configured_apart_steps_each_with_its_own_detectors(
