@@ -34,6 +34,7 @@ from tqdm import tqdm
 from app.errors import ArtifactError, DataError
 from app.forecasting.base import Forecaster, as_2d
 from app.forecasting.lstm import LSTMNetwork
+from app.forecasting.onnx_lstm import OnnxLSTM
 from app.forecasting.training import (
     EpochCallback,
     TrainingConfig,
@@ -59,12 +60,14 @@ offline evaluation scores what the live stream forecasts."""
 
 PREDICT_CHUNK = 4096
 NUMPY_STEP_LIMIT = 32
-"""Below this many streams a step runs in numpy (`NumpyLSTM`): for one stream torch's per-call
-overhead made its step twice numpy's (128 against 62 us); at 64 streams the two are even."""
-CELL_STEP_LIMIT = 128
-"""Below this many streams a step runs torch's LSTM cell layer by layer (a third of
-nn.LSTM's per-call cost for one stream); from it on, nn.LSTM's fused step is faster (half the
-cost at 1,024 streams). Measured on this project's 2-core CPU, torch 2.13, hidden 32."""
+"""Below this many streams a step runs in numpy (`NumpyLSTM`): in the service, between a
+request's other work, one stream's step took as long through ONNX Runtime (13 us in a tight
+loop, 36 between requests' work) and a single-reading request was 40 us slower with it."""
+ONNX_STEP_LIMIT = 600
+"""Below this many streams (and from NUMPY_STEP_LIMIT on) a step runs through ONNX Runtime
+(`OnnxLSTM`: 57 us for 128 streams, against 120 through torch's LSTM cell); at 512 the two
+are even, and at 1,000 nn.LSTM's fused step is 15% faster. Measured on this project's 2-core
+CPU, torch 2.13, hidden 32."""
 STATE_FORMAT = 1
 
 TorchState = tuple[torch.Tensor, torch.Tensor]
@@ -141,32 +144,9 @@ class StatefulNetwork(LSTMNetwork):
         return result, (h, c)
 
     def step(self, x: torch.Tensor, state: TorchState) -> tuple[torch.Tensor, TorchState]:
-        """(B, C) inputs of one time step -> ((B, horizon) outputs, next (h, c)).
-
-        The same weights and gate equations as `sequence`; few streams go through torch's
-        own LSTM cell layer by layer, which skips nn.LSTM's per-call overhead (34 us instead
-        of 95 us for one stream). Inference only: no dropout between layers.
-        """
-        if x.shape[0] >= CELL_STEP_LIMIT:
-            out, next_state = self.sequence(x[:, None, :], state)
-            return out[:, 0], next_state
-        lstm = self.lstm
-        h, c = state
-        hs, cs = [], []
-        for layer in range(lstm.num_layers):
-            h_l, c_l = torch.lstm_cell(
-                x,
-                (h[layer], c[layer]),
-                getattr(lstm, f"weight_ih_l{layer}"),
-                getattr(lstm, f"weight_hh_l{layer}"),
-                getattr(lstm, f"bias_ih_l{layer}"),
-                getattr(lstm, f"bias_hh_l{layer}"),
-            )
-            hs.append(h_l)
-            cs.append(c_l)
-            x = h_l
-        result: torch.Tensor = self.head(x)
-        return result, (torch.stack(hs), torch.stack(cs))
+        """(B, C) inputs of one time step -> ((B, horizon) outputs, next (h, c))."""
+        out, next_state = self.sequence(x[:, None, :], state)
+        return out[:, 0], next_state
 
 
 @dataclass(frozen=True)
@@ -444,6 +424,10 @@ class StatefulLSTMForecaster(Forecaster):
         if streams < NUMPY_STEP_LIMIT:
             out, h, c = self._numpy_lstm().step(x.numpy(), state.h, state.c)
             return self._decode(out, current[:, 0]), LSTMState(h=h, c=c)
+        if streams < ONNX_STEP_LIMIT:
+            out, h, c = self._onnx_lstm().sequence(x.numpy()[None], state.h, state.c)
+            return self._decode(out[0], current[:, 0]), LSTMState(h=h, c=c)
+        self.module_.eval()
         with single_threaded(), torch.inference_mode():
             start = (torch.from_numpy(state.h), torch.from_numpy(state.c))
             out_t, (h_t, c_t) = self.module_.step(x, start)
@@ -472,13 +456,18 @@ class StatefulLSTMForecaster(Forecaster):
         state = state or self.initial_state(1)
         if state.streams != 1:
             raise ValueError("run steps one stream; give it a state of one stream")
-        x = self._encode(np.diff(data, axis=0))[None]
-        self.module_.eval()
-        with single_threaded(), torch.inference_mode():
-            start = (torch.from_numpy(state.h), torch.from_numpy(state.c))
-            out, (h, c) = self.module_.sequence(x, start)
-        forecast = self._decode(out[0].numpy(), data[1:, 0])
-        return forecast, LSTMState(h=h.numpy(), c=c.numpy())
+        x = self._encode(np.diff(data, axis=0)).numpy()[:, None]  # (T - 1, 1, C): time first
+        out, h, c = self._onnx_lstm().sequence(x, state.h, state.c)
+        forecast = self._decode(out[:, 0], data[1:, 0])
+        return forecast, LSTMState(h=h, c=c)
+
+    def _onnx_lstm(self) -> OnnxLSTM:
+        """The network served by ONNX Runtime, built once per network."""
+        cached: OnnxLSTM | None = self.__dict__.get("onnx_lstm_")
+        if cached is None or cached.module is not self.module_:
+            self.module_.eval()
+            cached = self.onnx_lstm_ = OnnxLSTM.of(self.module_)
+        return cached
 
     def config(self) -> dict[str, Any]:
         return {

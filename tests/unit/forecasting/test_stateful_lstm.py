@@ -11,10 +11,9 @@ from app.errors import ArtifactError, DataError
 from app.forecasting.artifacts import build_forecaster, load_model, save_model
 from app.forecasting.lstm import LSTMForecaster
 from app.forecasting.stateful_lstm import (
-    CELL_STEP_LIMIT,
     NUMPY_STEP_LIMIT,
+    ONNX_STEP_LIMIT,
     LSTMState,
-    NumpyLSTM,
     StatefulLSTMForecaster,
     state_from_json,
     state_to_json,
@@ -110,8 +109,8 @@ def test_streams_stepped_together_equal_each_stepped_alone(
 def test_a_large_batch_of_streams_equals_each_stream_alone(
     tiny: StatefulLSTMForecaster,
 ) -> None:
-    """Many streams take the fused path, one stream the cell path: the results agree."""
-    count = CELL_STEP_LIMIT + 22
+    """Many streams take torch's fused step, one stream ONNX Runtime's: the results agree."""
+    count = ONNX_STEP_LIMIT + 22
     rng = np.random.default_rng(3)
     streams = np.cumsum(rng.normal(size=(40, count)), axis=0)  # (T, streams)
     together = tiny.initial_state(count)
@@ -123,22 +122,29 @@ def test_a_large_batch_of_streams_equals_each_stream_alone(
         np.testing.assert_allclose(together.select([s]).h, state.h, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("streams", [1, NUMPY_STEP_LIMIT - 1, NUMPY_STEP_LIMIT, CELL_STEP_LIMIT])
-def test_the_numpy_step_and_torchs_steps_agree(tiny: StatefulLSTMForecaster, streams: int) -> None:
-    """Few streams are stepped in numpy, more by torch's cell, many by nn.LSTM: one network."""
+@pytest.mark.parametrize(
+    "streams", [1, NUMPY_STEP_LIMIT - 1, NUMPY_STEP_LIMIT, ONNX_STEP_LIMIT - 1, ONNX_STEP_LIMIT]
+)
+def test_every_way_of_stepping_agrees_with_torchs_lstm(
+    tiny: StatefulLSTMForecaster, streams: int
+) -> None:
+    """A few streams are stepped in numpy, more by ONNX Runtime, many by nn.LSTM: one network
+    either side of each limit, saturating gates included."""
     rng = np.random.default_rng(streams)
     state = tiny.initial_state(streams)
     state.h[:] = rng.normal(size=state.h.shape)
     state.c[:] = rng.normal(size=state.c.shape)
-    x = rng.normal(scale=30.0, size=(streams, 1)).astype(np.float32)  # saturating gates too
-    out, h, c = NumpyLSTM.of(tiny.module_).step(x, state.h, state.c)
+    previous = np.zeros((streams, 1))
+    current = rng.normal(scale=30.0, size=(streams, 1))
+    forecast, after = tiny.step(state, previous, current)
+    x = torch.from_numpy((current / tiny.diff_std_).astype(np.float32))
     with torch.inference_mode():
         start = (torch.from_numpy(state.h), torch.from_numpy(state.c))
-        out_torch, (h_torch, c_torch) = tiny.module_.step(torch.from_numpy(x), start)
-        fused, _ = tiny.module_.sequence(torch.from_numpy(x)[:, None], start)
-    for mine, theirs in ((out, out_torch), (out, fused[:, 0]), (h, h_torch), (c, c_torch)):
-        assert mine.dtype == np.float32
-        np.testing.assert_allclose(mine, theirs.numpy(), rtol=0, atol=1e-6)
+        out, (h, c) = tiny.module_.sequence(x[:, None], start)
+    expected = current[:, 0, None] + out[:, 0].numpy().astype(np.float64) * tiny.diff_std_[0]
+    np.testing.assert_allclose(forecast, expected, rtol=0, atol=1e-5)
+    np.testing.assert_allclose(after.h, h.numpy(), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(after.c, c.numpy(), rtol=0, atol=1e-5)
 
 
 def test_a_window_forecast_is_a_stream_run_over_that_window(
