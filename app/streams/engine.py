@@ -543,25 +543,39 @@ class StreamEngine:
             times = list(map(_TIME, readings))
             resent = bisect.bisect_right(times, last_t)
         processor, state = live.processor, live.state
-        checks = None
+        check = partial(self._checked, live, readings, values, latest, times, resent)
+        pending = None
         if refused is None and processor.can_run_ahead(state, values[resent:]):
-            # A long batch's forecasts run here while a helper checks its times: the LSTM
-            # releases the GIL, so the checks cost the request nothing.
+            # A long batch's forecasts run here while a helper checks and prepares the rest:
+            # the LSTM releases the GIL, so the checks cost the request nothing.
             with suppress(RuntimeError):  # (raised once the interpreter is shutting down)
-                checks = helper_pool().submit(partial(self._checked_times, readings, latest, times))
+                pending = helper_pool().submit(check)
             processor.run_ahead(state, values[resent:])
-        _, micros = (
-            self._checked_times(readings, latest, times) if checks is None else checks.result()
-        )
+        batch = check(refused) if pending is None else pending.result()
+        if resent:
+            self._check_resent(session, live, readings[:resent], values[:resent])
+        return batch
+
+    def _checked(
+        self,
+        live: LiveStream,
+        readings: Sequence[ReadingIn],
+        values: np.ndarray,
+        latest: datetime,
+        times: list[datetime] | None,
+        resent: int,
+        refused: DataError | None = None,
+    ) -> _Batch:
+        """The batch, its times checked first (then `refused`, the values' problem, is raised),
+        then its references. Touches neither the database nor the stream: it may run in a
+        helper thread."""
+        _, micros = self._checked_times(readings, latest, times)
         if refused is not None:
             raise refused
         references = self._references(live, readings)
-        if resent:
-            self._check_resent(session, live, readings[:resent], values[:resent])
-        fresh = list(readings[resent:])
         return _Batch(
             live=live,
-            fresh=fresh,
+            fresh=list(readings[resent:]),
             resent=resent,
             micros=micros[resent:],
             values=values[resent:],
@@ -573,7 +587,7 @@ class StreamEngine:
         self, readings: Sequence[ReadingIn], latest: datetime, times: list[datetime] | None
     ) -> tuple[list[datetime], np.ndarray]:
         """The readings' times (and as microseconds), refused unless they increase and stay
-        within `max_future` of the server clock. Pure: it may run in a helper thread."""
+        within `max_future` of the server clock."""
         if times is None:
             times = list(map(_TIME, readings))
         micros = reading_repo.micros(times)
