@@ -569,7 +569,7 @@ class StreamEngine:
         """The batch, its times checked first (then `refused`, the values' problem, is raised),
         then its references. Touches neither the database nor the stream: it may run in a
         helper thread."""
-        _, micros = self._checked_times(readings, latest, times)
+        micros = self._checked_times(readings, latest, times)
         if refused is not None:
             raise refused
         references = self._references(live, readings)
@@ -585,9 +585,9 @@ class StreamEngine:
 
     def _checked_times(
         self, readings: Sequence[ReadingIn], latest: datetime, times: list[datetime] | None
-    ) -> tuple[list[datetime], np.ndarray]:
-        """The readings' times (and as microseconds), refused unless they increase and stay
-        within `max_future` of the server clock."""
+    ) -> np.ndarray:
+        """The readings' times as microseconds, refused unless they increase and stay within
+        `max_future` of the server clock."""
         if times is None:
             times = list(map(_TIME, readings))
         micros = reading_repo.micros(times)
@@ -606,7 +606,7 @@ class StreamEngine:
                 "check the time stamps (seconds, not milliseconds, since the epoch?)",
                 reason="invalid",
             )
-        return times, micros
+        return micros
 
     def _advance(self, batches: list[_Batch]) -> None:
         """Forecast and monitor every batch, grouped by processor (model and detectors)."""
