@@ -3,8 +3,19 @@
 A forecaster maps windows of past readings, shape (B, W, C) with channel 0 the sensor being
 forecast and channels 1.. other sensors or known exogenous inputs, to the next `horizon` values
 of channel 0, shape (B, horizon). Row b of the output for window x[i-W:i] is the forecast of
-x[i], x[i+1], ..., x[i+horizon-1]. Windows are the only input, so the offline evaluation and the
-live stream engine call exactly the same code.
+x[i], x[i+1], ..., x[i+horizon-1].
+
+Two ways to ask, one arithmetic:
+
+- `predict(windows)`: offline (walk-forward evaluation), any windows;
+- `advance(history, rows, carry)`: streaming (the stream recurrence in `app/streams`): the
+  forecasts made after each of a block of new readings of many streams, carrying whatever the
+  forecaster keeps between readings (`carry`: one float32 row per stream, empty for a
+  forecaster that re-reads its window, the recurrent state (h, c) for a stateful one).
+
+A window forecaster's `advance` is `predict` over the windows ending at each new row, so a live
+stream forecasts exactly what the offline evaluation scores. Results never depend on how streams
+and readings are grouped into blocks: the recurrence's replay after a crash relies on it.
 """
 
 from __future__ import annotations
@@ -43,6 +54,45 @@ class Forecaster(ABC):
 
     @abstractmethod
     def _predict(self, windows: np.ndarray) -> np.ndarray: ...
+
+    # -- streaming --
+
+    @property
+    def context(self) -> int:
+        """How many of a stream's latest readings `advance` reads besides the new ones."""
+        return self.window
+
+    @property
+    def carry_size(self) -> int:
+        """Floats a stream carries between readings besides its readings (see `advance`)."""
+        return 0
+
+    def initial_carry(self, streams: int) -> np.ndarray:
+        """The carry of `streams` streams starting afresh: (streams, carry_size) float32."""
+        return np.zeros((streams, self.carry_size), dtype=np.float32)
+
+    def advance(
+        self, history: np.ndarray, rows: np.ndarray, carry: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The forecasts made after each of `rows`, and the carry after the last.
+
+        history: (B, context, C) float64, each stream's latest readings before `rows`, oldest
+        first; NaN where a stream that starts afresh has none. rows: (B, T, C) float64, finite.
+        carry: (B, carry_size) float32 after the last reading of `history`.
+        Returns (B, T, horizon) float64, row [b, t] the forecast of the readings after
+        rows[b, t] (NaN while the window before it is incomplete), and the new carry. Pure.
+        """
+        count, steps = rows.shape[:2]
+        if steps == 0:
+            return np.empty((count, 0, self.horizon)), carry
+        extended = np.concatenate((history, rows), axis=1)  # (B, W + T, C)
+        view = np.lib.stride_tricks.sliding_window_view(extended, self.window, axis=1)
+        # view[b, s] is the window starting at s, (C, W); the one after rows[b, t] starts at t + 1
+        windows = (
+            view[:, 1 : steps + 1].transpose(0, 1, 3, 2).reshape(-1, self.window, self.n_channels)
+        )
+        forecast = self.predict(windows).reshape(count, steps, self.horizon)
+        return forecast, carry
 
     def config(self) -> dict[str, Any]:
         """What a manifest needs to rebuild this forecaster (weights aside)."""
