@@ -22,7 +22,6 @@ from app.api import alarms, health, models, readings, streams
 from app.api.bodies import document_json_bodies
 from app.api.deps import AppState
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
-from app.errors import AppError
 from app.forecasting.training import use_one_thread
 from app.metrics import Metrics
 from app.registry import ArtifactLoader, ModelRegistry, default_loader, load_models
@@ -32,7 +31,7 @@ from app.storage import migrations
 from app.storage.db import Database
 from app.storage.repositories import model_entries
 from app.storage.repositories import streams as stream_repo
-from app.streams.engine import StreamEngine
+from app.streams.live import LiveStreams
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +79,8 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
             log.warning("default model %r is not loaded", settings.default_model)
         register_models(database, registry)
         metrics.set_models(registry)
-        engine = StreamEngine(
-            database,
-            registry,
-            metrics,
-            max_future_s=settings.max_future_s,
-            checkpoint_every=settings.checkpoint_every,
-        )
-        resume_streams(database, engine, metrics)
+        streams = LiveStreams(database, registry, checkpoint_every=settings.checkpoint_every)
+        resume_streams(database, streams, metrics)
     except BaseException:
         database.dispose()
         raise
@@ -96,23 +89,24 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         database=database,
         registry=registry,
         metrics=metrics,
-        engine=engine,
+        streams=streams,
         started_at=started_at,
     )
 
 
-def resume_streams(database: Database, engine: StreamEngine, metrics: Metrics) -> None:
-    """Load every stream (its checkpoint and the readings after it), so its metric series (alarm
-    counters included) exist from the first scrape after a restart and an alarm raised then is
-    seen as an increase."""
+def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -> None:
+    """Restore every stream (its checkpoint and the readings after it), so its metric series
+    (alarm counters included) exist from the first scrape after a restart and an alarm raised
+    then is seen as an increase."""
+    for stream_id, problem in streams.restore_all():
+        log.warning("stream %s cannot resume: %s", stream_id, problem)
+    for live in streams.live_streams():
+        metrics.track_stream(
+            live.stream_id, live.recurrence.monitor.kinds, live.recurrence.monitor.thresholds
+        )
     with database.session() as session:
         for stream in stream_repo.list_all(session):
             metrics.track_stream(stream.id, detectors=())
-            try:
-                with engine.stream_lock(stream.id):
-                    engine.live(session, stream)
-            except AppError as exc:
-                log.warning("stream %s cannot resume: %s", stream.id, exc.detail)
 
 
 def create_app(
@@ -137,7 +131,7 @@ def create_app(
         finally:
             try:
                 # A clean stop leaves nothing to replay at the next start.
-                await anyio.to_thread.run_sync(state.engine.checkpoint_all)
+                await anyio.to_thread.run_sync(state.streams.checkpoint_all)
             except Exception:
                 log.exception("checkpointing the streams at shutdown failed")
             finally:

@@ -5,7 +5,7 @@ in one process. Labels are bounded: stream ids of configured streams and detecto
 reading times or request values; `track_stream` creates a stream's series at zero so dashboards
 see zeros instead of gaps, and `forget_stream` drops them when the stream is deleted.
 
-The per-stream series are plain numbers in a `StreamSeries` the engine updates once per batch,
+The per-stream series are plain numbers in a `StreamSeries` that ingest updates once per request,
 exported by a collector at scrape time: a prometheus_client child per label set costs ~0.5 KiB
 and ~4 us per update, and a stream has 30 of them (14 KiB of a stream's 37 at 10,000 streams).
 """
@@ -131,18 +131,49 @@ class Metrics:
         for model in registry:
             self.model_info.labels(model=model.name, version=model.version, kind=model.kind).set(1)
 
-    def track_stream(self, stream_id: str, detectors: Iterable[str]) -> StreamSeries:
+    def track_stream(
+        self,
+        stream_id: str,
+        detectors: Iterable[str],
+        thresholds: dict[str, float] | None = None,
+    ) -> StreamSeries:
         """The stream's series, created at zero (idempotent: existing values are kept)."""
         with self._guard:
             series = self._streams.get(stream_id)
             if series is None:
                 series = self._streams[stream_id] = StreamSeries()
         series.track(detectors)
+        if thresholds is not None:
+            series.thresholds = dict(thresholds)
         return series
 
+    def publish(
+        self,
+        stream_id: str,
+        *,
+        readings: int,
+        residual: float | None,
+        statistics: dict[str, float],
+        active: set[str],
+        opened: list[str],
+    ) -> None:
+        """What a committed request moved: counts, and the last value of each gauge."""
+        series = self.track_stream(stream_id, ())
+        series.readings += readings
+        if residual is not None:
+            series.residual = residual
+        series.statistics.update(statistics)
+        for detector in series.active:
+            series.active[detector] = detector in active
+        for detector in opened:
+            series.alarms[detector] = series.alarms.get(detector, 0.0) + 1
+
     def reject(self, stream_id: str, reason: str, count: int) -> None:
-        rejected = self.track_stream(stream_id, ()).rejected
-        rejected[reason] = rejected.get(reason, 0.0) + count
+        """Count refused readings of a configured stream (other ids get no series)."""
+        with self._guard:
+            series = self._streams.get(stream_id)
+        if series is not None:
+            series.rejected[reason] = series.rejected.get(reason, 0.0) + count
 
     def forget_stream(self, stream_id: str) -> None:
         """Drop every series of a deleted stream, so its labels do not linger forever."""

@@ -5,7 +5,15 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AfterValidator,
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.detectors import DETECTORS
@@ -242,6 +250,12 @@ class ReadingIn(_Body):
         description="A reference that does not move with the sensor (a redundant sensor or "
         "the twin's physics prediction), for streams with has_reference.",
     )
+
+    @model_validator(mode="after")
+    def _one_way_of_giving_values(self) -> ReadingIn:
+        if self.value is not None and self.values is not None:
+            raise ValueError("give either 'value' (one channel) or 'values' (by channel), not both")
+        return self
 
 
 class ReadingsIn(_Body):

@@ -39,6 +39,10 @@ class Series:
     def reference(self) -> np.ndarray | None:
         return self.columns.get(REFERENCE_COLUMN)
 
+    def head(self, stop: int) -> Series:
+        """The first `stop` samples."""
+        return Series(self.t[:stop], {name: values[:stop] for name, values in self.columns.items()})
+
     def matrix(self, channels: list[str]) -> np.ndarray:
         """Stack `channels` into a (T, C) float64 array, channel 0 being the forecast target."""
         unknown = [c for c in channels if c not in self.columns]

@@ -16,7 +16,7 @@ from app.metrics import Metrics
 from app.registry import ModelRegistry
 from app.settings import Settings
 from app.storage.db import Database
-from app.streams.engine import StreamEngine
+from app.streams.live import LiveStreams
 
 
 @dataclass
@@ -27,7 +27,7 @@ class AppState:
     database: Database
     registry: ModelRegistry
     metrics: Metrics
-    engine: StreamEngine
+    streams: LiveStreams
     started_at: datetime
 
 

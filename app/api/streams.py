@@ -1,12 +1,13 @@
 """Stream configuration: `PUT/GET/DELETE /v1/streams/{stream_id}` and `GET /v1/streams`.
 
 Readings and forecasts (`POST .../readings`, `GET .../forecast`) live in `app/api/readings.py`
-beside the engine that serves them.
+(`app/api/readings.py`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response, status
@@ -82,7 +83,7 @@ def put_stream(
             model=model_name,
         )
     overrides = _detector_overrides(config)
-    processor = state.engine.processor_for(model, overrides)  # refuses an unusable monitor
+    recurrence = state.streams.recurrence_for(model, overrides)  # refuses an unusable monitor
     now = utcnow()
     stream = stream_repo.get(session, stream_id, for_update=True)
     if stream is None:
@@ -109,6 +110,7 @@ def put_stream(
                 "has_reference cannot change; delete and re-create it",
                 stream=stream_id,
             )
+        state.streams.reconfigure(session, stream_id)
         stream = stream_repo.update(
             session,
             stream,
@@ -119,38 +121,37 @@ def put_stream(
             detector_overrides=overrides,
             now=now,
         )
-    state.engine.reconfigure(session, stream_id)
-    state.metrics.track_stream(stream_id, detectors=list(processor.monitor_config.thresholds()))
-    # Not kept in memory: this transaction has not committed yet.
-    return _described(state, session, stream, remember=False)
+    monitor = recurrence.monitor
+    state.metrics.track_stream(stream_id, monitor.kinds, monitor.thresholds)
+    return _described(state, session, stream)
 
 
-def _described(
-    state: AppState, session: Session, stream: Stream, *, remember: bool = True
-) -> StreamOut:
-    """The stream's row with the engine's view (none if its model is not loaded any more)."""
+def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
+    """The stream's row with its live state (none if its model is not loaded any more)."""
+    open_alarms = alarm_repo.list_open(session, stream_id=stream.id)
     try:
-        view = state.engine.view(session, stream, remember=remember)
+        live = state.streams.read(session, stream)
     except AppError:
-        return StreamOut.of(stream, open_alarms=alarm_repo.list_open(session, stream_id=stream.id))
-    live = StreamLive(
-        warmup_remaining=view.warmup_remaining,
-        last_forecast=view.last_forecast,
-        last_residual=view.last_residual,
-        detectors={
-            name: DetectorLive(
-                statistic=view.statistics.get(name),
-                threshold=threshold,
-                active=name in view.active,
-            )
-            for name, threshold in view.thresholds.items()
-        },
-    )
+        return StreamOut.of(stream, open_alarms=open_alarms)
+    recurrence, stream_state = live.recurrence, live.state
+    forecast, residual, statistics = recurrence.latest(stream_state)
+    active = {event.detector for event in recurrence.monitor.open_events(stream_state.monitor)}
+    last = stream_state.last_time
     return StreamOut.of(
         stream,
-        open_alarms=alarm_repo.list_open(session, stream_id=stream.id),
-        live=live,
-        position=(view.samples, view.last_t),
+        open_alarms=open_alarms,
+        live=StreamLive(
+            warmup_remaining=recurrence.warmup_remaining(stream_state),
+            last_forecast=forecast,
+            last_residual=residual,
+            detectors={
+                name: DetectorLive(
+                    statistic=statistics.get(name), threshold=threshold, active=name in active
+                )
+                for name, threshold in recurrence.monitor.thresholds.items()
+            },
+        ),
+        position=(stream_state.samples, None if last is None else reading_repo.datetime_at(last)),
     )
 
 
@@ -164,7 +165,7 @@ def list_streams(session: SessionDep, state: StateDep) -> StreamList:
             StreamOut.of(
                 stream,
                 open_alarms=open_by_stream[stream.id],
-                position=state.engine.position(stream.id),
+                position=_position(state.streams.position(stream.id)),
             )
             for stream in stream_repo.list_all(session)
         ]
@@ -190,7 +191,15 @@ def get_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) ->
     summary="Delete a stream with its readings, checkpoint and alarms",
 )
 def delete_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) -> Response:
+    stream_repo.require(session, stream_id)
+    state.streams.delete(session, stream_id)
     stream_repo.delete(session, stream_id)
-    state.engine.forget(stream_id)
-    state.metrics.forget_stream(stream_id)
+    state.streams.on_end(session, commit=lambda: state.metrics.forget_stream(stream_id))
     return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _position(position: tuple[int, int | None] | None) -> tuple[int, datetime | None] | None:
+    if position is None:
+        return None
+    samples, last = position
+    return samples, None if last is None else reading_repo.datetime_at(last)

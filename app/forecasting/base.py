@@ -86,11 +86,9 @@ class Forecaster(ABC):
         if steps == 0:
             return np.empty((count, 0, self.horizon)), carry
         extended = np.concatenate((history, rows), axis=1)  # (B, W + T, C)
-        view = np.lib.stride_tricks.sliding_window_view(extended, self.window, axis=1)
-        # view[b, s] is the window starting at s, (C, W); the one after rows[b, t] starts at t + 1
-        windows = (
-            view[:, 1 : steps + 1].transpose(0, 1, 3, 2).reshape(-1, self.window, self.n_channels)
-        )
+        # The window after rows[:, t] is extended[:, t + 1 : t + 1 + W].
+        positions = np.arange(1, steps + 1)[:, None] + np.arange(self.window)
+        windows = extended[:, positions].reshape(-1, self.window, self.n_channels)
         forecast = self.predict(windows).reshape(count, steps, self.horizon)
         return forecast, carry
 

@@ -461,6 +461,37 @@ class StatefulLSTMForecaster(Forecaster):
         forecast = self._decode(out[:, 0], data[1:, 0])
         return forecast, LSTMState(h=h, c=c)
 
+    @property
+    def context(self) -> int:
+        return 1
+
+    @property
+    def carry_size(self) -> int:
+        return 2 * self.layers * self.hidden
+
+    def advance(
+        self, history: np.ndarray, rows: np.ndarray, carry: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        count, steps = rows.shape[:2]
+        previous = np.concatenate((history[:, -1:], rows[:, :-1]), axis=1)
+        changes = rows - previous
+        changes[:, 0] = np.where(np.isnan(changes[:, 0]), 0.0, changes[:, 0])
+        x = np.ascontiguousarray((changes / self.diff_std_).astype(np.float32).transpose(1, 0, 2))
+        size = self.layers * self.hidden
+        h = np.ascontiguousarray(
+            carry[:, :size].reshape(count, self.layers, self.hidden).transpose(1, 0, 2)
+        )
+        c = np.ascontiguousarray(
+            carry[:, size:].reshape(count, self.layers, self.hidden).transpose(1, 0, 2)
+        )
+        out, h, c = self._onnx_lstm().sequence(x, h, c)
+        forecast = rows[:, :, 0:1] + out.transpose(1, 0, 2).astype(np.float64) * self.diff_std_[0]
+        after = np.concatenate(
+            (h.transpose(1, 0, 2).reshape(count, -1), c.transpose(1, 0, 2).reshape(count, -1)),
+            axis=1,
+        )
+        return forecast, after
+
     def _onnx_lstm(self) -> OnnxLSTM:
         """The network served by ONNX Runtime, built once per network."""
         cached: OnnxLSTM | None = self.__dict__.get("onnx_lstm_")

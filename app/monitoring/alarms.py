@@ -1,43 +1,46 @@
 """Alarm events: exceedances of one detector turned into events with a start, an end and a peak.
 
-Persistence: an event opens on the sample that brings the number of exceedances among the last
-`n` samples to `k`. Clear: it closes once `m` consecutive samples are back inside the threshold;
-its `end` is one past its last exceedance and `cleared_at` the sample that closed it. Counting is
-per event, never per sample. The defaults (k = n = 1) open on every single-sample exceedance, as
-the lab counted, and m = 20 (two periods of the machine's ~11-sample oscillation) keeps one
-disturbance, a spike and its echo in the next forecast, one event.
+Persistence: an event opens on the reading that brings the number of exceedances among the last
+`n` readings to `k`. Clear: it closes once `m` consecutive readings are back inside the
+threshold; its `end` is one past its last exceedance and `cleared_at` the reading that closed
+it. Counting is per event, never per reading. The defaults (k = n = 1) open on every single
+exceedance, and m = 20 keeps one disturbance (a spike and its echo in the next forecasts) one
+event.
 
-Samples without a statistic (warm-up, a missing reading, no reference) are no evidence either way:
-the rule skips them, so they neither fill a slot among the last `n` nor count toward clearing.
+Readings without a statistic (warm-up, a missing reading, no reference) are no evidence either
+way: the rule skips them, so they neither fill a slot among the last `n` nor count toward
+clearing.
 
-The rule is a state machine advanced one sample at a time by the live engine, and over a whole
-record by the batch form, which visits only the exceedances (everything between two of them is
-quiet, and quiet samples can only close an event): same code, same events, far fewer steps.
+The rule is a state machine over the readings that have a statistic, and it visits only the
+exceedances of a block (between two of them every reading is quiet, and quiet readings can only
+close an event). A rule with nothing open and no exceedance among its last `n` readings is
+*idle*: it forgets its count, so its state is the same however the readings were grouped into
+blocks, and a block in which an idle rule sees no exceedance costs nothing.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from app.errors import DataError
 from app.monitoring.detectors import Direction
 
+MAX_ALARM_WINDOW = 100_000
+"""The longest alarm window (`n`) and clearing run (`m`): ~3 hours at 10 Hz, a day at 1 s."""
+
 
 class AlarmPolicy(BaseModel):
-    """k exceedances in the last n samples open an event; m samples back inside close it."""
+    """k exceedances in the last n readings open an alarm; m readings back inside close it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    k: int = Field(default=1, ge=1)
-    n: int = Field(default=1, ge=1)
-    m: int = Field(default=20, ge=1)
+    k: int = Field(default=1, ge=1, le=MAX_ALARM_WINDOW)
+    n: int = Field(default=1, ge=1, le=MAX_ALARM_WINDOW)
+    m: int = Field(default=20, ge=1, le=MAX_ALARM_WINDOW)
 
     @model_validator(mode="after")
     def _k_within_n(self) -> AlarmPolicy:
@@ -73,175 +76,31 @@ class AlarmEvent:
 
 
 @dataclass
-class _Open:
-    start: int
+class OpenAlarm:
+    start: int  # sample of the reading that opened it
     peak: float
-    last: int  # ordinal (among samples with a statistic) of the last exceedance
-    last_sample: int  # its sample index
+    last: int  # ordinal of its last exceedance
+    last_sample: int  # that exceedance's sample
 
 
-class AlarmRule:
-    """The persistence and clear rule of one detector, with its running state."""
+@dataclass
+class RuleState:
+    """One stream's state of one detector's rule. Ordinals count the readings with a statistic
+    since the rule was last idle (the first exceedance after idling is ordinal 0)."""
 
-    def __init__(
-        self, detector: str, policy: AlarmPolicy, *, threshold: float, direction: Direction
-    ) -> None:
-        self.detector = detector
-        self.policy = policy
-        self.threshold = threshold
-        self.direction = direction
-        self._seen = 0  # samples with a statistic so far (the ordinal of the next one)
-        # Ordinals of exceedances among the last n: a list (at most n, usually 1 entry), not a
-        # deque, whose first block alone is 0.6 KiB per rule and stream.
-        self._recent: list[int] = []
-        self._open: _Open | None = None
-
-    # -- the state machine (shared by both forms) --
-
-    def _more_extreme(self, statistic: float, peak: float) -> bool:
-        return statistic > peak if self.direction == "above" else statistic < peak
-
-    def _close_if_quiet(self, ordinal: int, sample_of: Any) -> AlarmEvent | None:
-        """Close if the samples up to `ordinal` hold m quiet ones after the last exceedance."""
-        event = self._open
-        if event is None or ordinal - event.last < self.policy.m:
-            return None
-        self._open = None
-        return AlarmEvent(
-            detector=self.detector,
-            start=event.start,
-            end=event.last_sample + 1,
-            peak=event.peak,
-            threshold=self.threshold,
-            cleared_at=int(sample_of(event.last + self.policy.m)),
-        )
-
-    def _exceed(self, ordinal: int, sample: int, statistic: float) -> AlarmEvent | None:
-        """Record an exceedance; the event if it opens one."""
-        self._recent.append(ordinal)
-        while self._recent[0] <= ordinal - self.policy.n:
-            del self._recent[0]
-        event = self._open
-        if event is not None:
-            event.last, event.last_sample = ordinal, sample
-            if self._more_extreme(statistic, event.peak):
-                event.peak = statistic
-            return None
-        if len(self._recent) < self.policy.k:
-            return None
-        self._open = _Open(start=sample, peak=statistic, last=ordinal, last_sample=sample)
-        return self.current()
-
-    def _forget_old(self) -> None:
-        while self._recent and self._recent[0] <= self._seen - 1 - self.policy.n:
-            del self._recent[0]
-
-    # -- incremental --
-
-    def observe(
-        self, sample: int, statistic: float, exceeded: bool
-    ) -> tuple[AlarmEvent | None, AlarmEvent | None]:
-        """One sample with a statistic: (opened, closed) events, either possibly None."""
-        if not exceeded and self._open is None:  # the common case: nothing to open or close
-            self._seen += 1
-            if self._recent:
-                self._forget_old()
-            return None, None
-        ordinal = self._seen
-        self._seen += 1
-        opened = closed = None
-        if exceeded:
-            opened = self._exceed(ordinal, sample, statistic)
-        else:
-            closed = self._close_if_quiet(ordinal, lambda _: sample)
-        self._forget_old()
-        return opened, closed
-
-    @staticmethod
-    def observe_many(
-        rules: Sequence[AlarmRule],
-        rows: Sequence[int],
-        samples: Sequence[int],
-        statistics: Sequence[float],
-        exceeded: Sequence[bool],
-        *,
-        opened: dict[int, list[AlarmEvent]],
-        closed: dict[int, list[AlarmEvent]],
-        still_open: set[int],
-    ) -> None:
-        """`observe` on many rules (one per stream, each with its own sample): the events each
-        opens or closes go to `opened`/`closed` under its row, and the rows left with an open
-        event into `still_open`. A NaN statistic is no sample (the rule is skipped)."""
-        for rule, row, sample, statistic, is_over in zip(
-            rules, rows, samples, statistics, exceeded, strict=True
-        ):
-            if not is_over and rule._open is None and not rule._recent:
-                if statistic == statistic:  # not NaN
-                    rule._seen += 1  # the common case of `observe`, without its call
-                continue
-            if math.isnan(statistic):  # no sample: the rule holds
-                if rule._open is not None:
-                    still_open.add(row)
-                continue
-            event_opened, event_closed = rule.observe(sample, statistic, is_over)
-            if event_opened is not None:
-                opened.setdefault(row, []).append(event_opened)
-            if event_closed is not None:
-                closed.setdefault(row, []).append(event_closed)
-            if rule._open is not None:
-                still_open.add(row)
-
-    # -- batch --
-
-    def run(
-        self,
-        samples: NDArray[np.int64],
-        statistics: NDArray[np.float64],
-        exceeded: NDArray[np.bool_],
-    ) -> tuple[list[AlarmEvent], list[AlarmEvent]]:
-        """Many samples with a statistic: (opened, closed) events in order, as `observe` would."""
-        base = self._seen
-        count = int(samples.shape[0])
-
-        def sample_of(ordinal: int) -> int:
-            return int(samples[ordinal - base])
-
-        opened: list[AlarmEvent] = []
-        closed: list[AlarmEvent] = []
-        for index in np.flatnonzero(exceeded).tolist():
-            ordinal = base + index
-            event = self._close_if_quiet(ordinal - 1, sample_of)
-            if event is not None:
-                closed.append(event)
-            event = self._exceed(ordinal, int(samples[index]), float(statistics[index]))
-            if event is not None:
-                opened.append(event)
-        self._seen = base + count
-        if count:
-            event = self._close_if_quiet(self._seen - 1, sample_of)
-            if event is not None:
-                closed.append(event)
-        self._forget_old()
-        return opened, closed
-
-    # -- state --
+    seen: int = 0  # the ordinal of the next reading with a statistic
+    recent: list[int] = field(default_factory=list)  # ordinals of exceedances among the last n
+    open: OpenAlarm | None = None
 
     @property
-    def is_open(self) -> bool:
-        return self._open is not None
+    def idle(self) -> bool:
+        return self.open is None and not self.recent
 
-    def current(self) -> AlarmEvent | None:
-        """The open event (peak so far), if any."""
-        event = self._open
-        if event is None:
-            return None
-        return AlarmEvent(self.detector, event.start, None, event.peak, self.threshold)
-
-    def state_dict(self) -> dict[str, Any]:
-        event = self._open
+    def to_json(self) -> dict[str, Any]:
+        event = self.open
         return {
-            "seen": self._seen,
-            "recent": list(self._recent),
+            "seen": self.seen,
+            "recent": list(self.recent),
             "open": None
             if event is None
             else {
@@ -252,15 +111,16 @@ class AlarmRule:
             },
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    @classmethod
+    def from_json(cls, saved: Any, policy: AlarmPolicy, detector: str) -> RuleState:
         try:
-            seen = int(state["seen"])
-            recent = [int(x) for x in state["recent"]]
-            raw = state["open"]
+            seen = int(saved["seen"])
+            recent = [int(x) for x in saved["recent"]]
+            raw = saved["open"]
             event = (
                 None
                 if raw is None
-                else _Open(
+                else OpenAlarm(
                     start=int(raw["start"]),
                     peak=float(raw["peak"]),
                     last=int(raw["last"]),
@@ -268,11 +128,105 @@ class AlarmRule:
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"alarm state of {self.detector} is malformed: {exc!r}") from None
-        if seen < 0 or any(not (seen - self.policy.n <= x < seen) for x in recent):
-            raise DataError(f"alarm state of {self.detector} is inconsistent")
-        if event is not None and not (0 <= event.last < seen):
-            raise DataError(f"alarm state of {self.detector} is inconsistent")
-        self._seen = seen
-        self._recent = recent
-        self._open = event
+            raise DataError(f"alarm state of {detector} is malformed: {exc!r}") from None
+        consistent = seen >= 0 and all(seen - policy.n <= x < seen for x in recent)
+        if event is not None:
+            consistent = consistent and 0 <= event.last < seen
+        if not consistent:
+            raise DataError(f"alarm state of {detector} is inconsistent")
+        state = cls(seen, recent, event)
+        if state.idle:
+            state.seen = 0
+        return state
+
+
+class AlarmRule:
+    """The persistence and clear rule of one detector (shared by every stream configured alike;
+    each stream has its own `RuleState`)."""
+
+    def __init__(
+        self, detector: str, policy: AlarmPolicy, *, threshold: float, direction: Direction
+    ) -> None:
+        self.detector = detector
+        self.policy = policy
+        self.threshold = threshold
+        self.direction = direction
+
+    def current(self, state: RuleState) -> AlarmEvent | None:
+        """The open event with its peak so far, if any."""
+        event = state.open
+        if event is None:
+            return None
+        return AlarmEvent(self.detector, event.start, None, event.peak, self.threshold)
+
+    def observe(
+        self,
+        state: RuleState,
+        samples: Sequence[int],
+        statistics: Sequence[float],
+        exceedances: Sequence[int],
+    ) -> tuple[list[AlarmEvent], list[AlarmEvent]]:
+        """Advance `state` by a block of readings with a statistic (their `samples` and
+        `statistics`, in order; `exceedances`: the positions among them that are on the alarming
+        side). Returns the events opened and closed, in order."""
+        opened: list[AlarmEvent] = []
+        closed: list[AlarmEvent] = []
+        policy = self.policy
+        base = state.seen  # the ordinal of samples[0]
+        for index in exceedances:
+            if state.idle:
+                base = -index  # an idle rule counts from its next exceedance
+            else:
+                self._settle(state, base + index - 1, base, samples, closed)
+                if state.idle:
+                    base = -index
+            ordinal = base + index
+            state.recent.append(ordinal)
+            while state.recent[0] <= ordinal - policy.n:
+                del state.recent[0]
+            statistic = statistics[index]
+            event = state.open
+            if event is not None:
+                event.last, event.last_sample = ordinal, samples[index]
+                if statistic > event.peak if self.direction == "above" else statistic < event.peak:
+                    event.peak = statistic
+            elif len(state.recent) >= policy.k:
+                state.open = OpenAlarm(samples[index], statistic, ordinal, samples[index])
+                opened.append(
+                    AlarmEvent(self.detector, samples[index], None, statistic, self.threshold)
+                )
+        if not state.idle and samples:
+            self._settle(state, base + len(samples) - 1, base, samples, closed)
+        if state.idle:
+            state.seen = 0
+        elif samples:
+            state.seen = base + len(samples)
+        return opened, closed
+
+    def _settle(
+        self,
+        state: RuleState,
+        through: int,
+        base: int,
+        samples: Sequence[int],
+        closed: list[AlarmEvent],
+    ) -> None:
+        """Apply the quiet readings up to ordinal `through` (the last exceedance came before
+        them): close the open event after m of them, forget exceedances older than n."""
+        policy = self.policy
+        event = state.open
+        if event is not None and through - event.last >= policy.m:
+            at = event.last + policy.m
+            closed.append(
+                AlarmEvent(
+                    self.detector,
+                    event.start,
+                    event.last_sample + 1,
+                    event.peak,
+                    self.threshold,
+                    cleared_at=samples[at - base],
+                )
+            )
+            state.open = None
+        while state.recent and state.recent[0] <= through - policy.n:
+            del state.recent[0]

@@ -1,8 +1,10 @@
-"""Thresholds from held-out NORMAL residuals (SPEC section 5), never from training residuals.
+"""Thresholds from held-out NORMAL operation, never from the training period (whose residuals
+are optimistically small).
 
 Two ways:
 
-- `calibrate_margins`: the lab's margins: point 4 sigma; rolling RMS 1.1 x its hold-out maximum;
+- `calibrate_margins`: fixed margins on the hold-out's extremes: point 4 sigma (sigma: the
+  hold-out residuals' standard deviation); rolling RMS 1.1 x its hold-out maximum;
   variance floor 0.5 x the hold-out minimum of the rolling std; CUSUM limit 1.5 x its hold-out
   maximum; level and Mahalanobis 1.1 x their hold-out maximum (the 100% empirical quantile with
   the rolling RMS margin).
@@ -35,7 +37,7 @@ from numpy.typing import NDArray
 from scipy import stats as scipy_stats
 
 from app.errors import DataError
-from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule
+from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule, RuleState
 from app.monitoring.detectors import Direction, FloatArray, cusum_kappa
 from app.monitoring.monitor import (
     CusumConfig,
@@ -47,6 +49,7 @@ from app.monitoring.monitor import (
     PointConfig,
     RollingRMSConfig,
     VarianceFloorConfig,
+    build_detector,
 )
 
 SECONDS_PER_DAY = 86400.0
@@ -59,7 +62,7 @@ CUSUM_CLIP = 9.0  # bounded CUSUM evidence per sample: 3 sigma (see CusumDetecto
 
 @dataclass(frozen=True)
 class Margins:
-    """The lab's margins (SPEC section 5)."""
+    """Fixed margins on the hold-out's extremes (when no false-alarm rate is asked for)."""
 
     point_sigmas: float = 4.0
     rms_factor: float = 1.1
@@ -83,14 +86,20 @@ class DetectorSettings:
 
 @dataclass(frozen=True)
 class HoldOut:
-    """Residuals of held-out normal data: (N,) or (N, C); NaN where there is none.
+    """What the detectors see of a record, and which of it is held-out normal operation.
 
-    `reference_gaps` (value - reference) enables the level detector; more than one residual
-    channel enables the Mahalanobis detector. `description` says where the data came from.
+    `residuals` (N,) or (N, C): the detectors' input at each reading of the record, NaN where
+    they see nothing (warm-up, a missing reading: `MonitoredRecord.inputs`); `reference_gaps`
+    (value - reference) enables the level detector, more than one residual channel the
+    Mahalanobis detector. The detectors run over the whole record, as a live stream of it
+    would; the thresholds come from their statistics over [start, stop) only.
+    `description` says where the data came from.
     """
 
     residuals: FloatArray
     reference_gaps: FloatArray | None = None
+    start: int = 0
+    stop: int | None = None
     description: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -99,16 +108,20 @@ class HoldOut:
         return r[:, None] if r.ndim == 1 else r
 
     @property
+    def span(self) -> slice:
+        return slice(self.start, self.matrix.shape[0] if self.stop is None else self.stop)
+
+    @property
     def channels(self) -> int:
         return int(self.matrix.shape[1])
 
     @property
     def valid_samples(self) -> int:
-        return int((~np.isnan(self.matrix[:, 0])).sum())
+        return int((~np.isnan(self.matrix[self.span, 0])).sum())
 
 
 def _sigma(holdout: HoldOut) -> float:
-    r = holdout.matrix[:, 0]
+    r = holdout.matrix[holdout.span, 0]
     r = r[~np.isnan(r)]
     if r.shape[0] < 2 or not np.all(np.isfinite(r)):
         raise DataError("the hold-out has fewer than 2 finite residuals")
@@ -119,7 +132,7 @@ def _sigma(holdout: HoldOut) -> float:
 
 
 def _covariance(holdout: HoldOut) -> FloatArray:
-    matrix = holdout.matrix
+    matrix = holdout.matrix[holdout.span]
     rows = matrix[~np.isnan(matrix).any(axis=1)]
     if rows.shape[0] <= matrix.shape[1]:
         raise DataError("the hold-out has too few complete residual vectors for a covariance")
@@ -137,7 +150,8 @@ def _placeholder_config(holdout: HoldOut, settings: DetectorSettings) -> Monitor
             threshold=_NEVER, sigma=sigma, kappa=settings.cusum_kappa, clip=settings.cusum_clip
         ),
     ]
-    if holdout.reference_gaps is not None and not np.all(np.isnan(holdout.reference_gaps)):
+    gaps = holdout.reference_gaps
+    if gaps is not None and not np.all(np.isnan(gaps[holdout.span])):
         detectors.append(LevelConfig(threshold=_NEVER, window=settings.level_window))
     if holdout.channels > 1:
         detectors.append(
@@ -149,16 +163,19 @@ def _placeholder_config(holdout: HoldOut, settings: DetectorSettings) -> Monitor
 def holdout_statistics(
     holdout: HoldOut, settings: DetectorSettings
 ) -> tuple[MonitorConfig, dict[str, FloatArray]]:
-    """Each detector's statistic over the hold-out (the monitor's own batch form)."""
+    """Each detector's statistic over the hold-out: the monitor run over the whole record."""
     config = _placeholder_config(holdout, settings)
-    run = Monitor(config).run(holdout.matrix, holdout.reference_gaps)
-    for kind, values in run.statistics.items():
+    gaps = None if holdout.reference_gaps is None else holdout.reference_gaps[None]
+    monitor = Monitor(config)
+    block = monitor.advance([monitor.new_state()], holdout.matrix[None], gaps, first_samples=[0])
+    statistics = {kind: values[0, holdout.span] for kind, values in block.statistics.items()}
+    for kind, values in statistics.items():
         if np.all(np.isnan(values)):
             raise DataError(
                 f"the hold-out is too short for the {kind} detector's window "
                 f"({holdout.valid_samples} valid residuals)"
             )
-    return config, run.statistics
+    return config, statistics
 
 
 def calibrate_margins(
@@ -166,7 +183,7 @@ def calibrate_margins(
     settings: DetectorSettings | None = None,
     margins: Margins | None = None,
 ) -> MonitorConfig:
-    """The lab's thresholds (margins on hold-out extremes)."""
+    """Thresholds at fixed margins on the hold-out's extremes (`Margins`)."""
     settings = settings or DetectorSettings()
     margins = margins or Margins()
     placeholder, statistics = holdout_statistics(holdout, settings)
@@ -263,15 +280,22 @@ class _Tail:
         valid = ~np.isnan(statistic)
         self.sign = 1.0 if direction == "above" else -1.0
         self.values = self.sign * statistic[valid]
-        self.samples = np.flatnonzero(valid).astype(np.int64)
+        self.sample_list = np.flatnonzero(valid).tolist()
+        self.value_list = self.values.tolist()
         self.policy = policy
         self.descending = np.unique(self.values)[::-1]
 
     def events(self, u: float) -> list[AlarmEvent]:
         """The events the alarm rule raises above u (peaks in oriented units)."""
         rule = AlarmRule("tail", self.policy, threshold=u, direction="above")
-        _, closed = rule.run(self.samples, self.values, self.values > u)
-        still_open = rule.current()
+        state = RuleState()
+        _, closed = rule.observe(
+            state,
+            self.sample_list,
+            self.value_list,
+            np.flatnonzero(self.values > u).tolist(),
+        )
+        still_open = rule.current(state)
         return [*closed, *([] if still_open is None else [still_open])]
 
     def level(self, index: int) -> float:
@@ -419,9 +443,8 @@ def calibrate_rate(
     shares = budget_shares([config.kind for config in placeholder.detectors])
     detectors: list[DetectorConfig] = []
     report: dict[str, Any] = {}
-    monitor = Monitor(placeholder)
     for config in placeholder.detectors:
-        direction = monitor.detectors[config.kind].direction
+        direction = build_detector(config).direction
         values = statistics[config.kind]
         valid = int((~np.isnan(values)).sum())
         rate_per_sample = false_alarms_per_day * shares[config.kind] / samples_per_day

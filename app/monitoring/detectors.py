@@ -1,40 +1,37 @@
-"""Residual detectors (SPEC section 5), each one formula with an incremental and a batch form.
+"""Residual detectors: each turns its input into a statistic, one formula written once.
 
-A detector turns its input (the residual of channel 0, the residual vector, or the gap between the
-reading and its reference) into a statistic and says whether the statistic is on the alarming
-side of its threshold.
+A detector reads the residual of channel 0, the residual vector of a sensor group, or the gap
+between a reading and its reference sensor, and says whether its statistic is on the alarming
+side of its threshold. It computes a whole block at once: the inputs of many streams over many
+readings, `(N, T)` (`(N, T, C)` for a vector), NaN where a stream has no input at a reading.
+What a detector remembers between blocks is a short float vector per stream (`state_size`):
+the last inputs of a rolling window, or the running sum of the CUSUM.
 
-Exactness. The live engine steps a stream one reading at a time through `update`; the offline
-evaluation calls `batch` over a whole record. Both must give the same statistic bit for bit, so
-each formula is written once, over a sequence of "columns" that are either Python floats (one
-window, incremental) or numpy arrays (all windows at once, batch), and reduced in a fixed
-left-to-right order. Every operation involved (+, *, /, sqrt, abs) is a single IEEE-rounded
-operation in both numpy and Python, so the two forms cannot drift apart. Rolling statistics are
-recomputed from a ring buffer of the last `window` inputs (O(window) per step, O(1) in the length
-of the stream) rather than kept as running sums, which would accumulate rounding error.
+Exactness. The live service processes a gateway's tick (many streams, one reading each), a
+stream's batch (one stream, many readings), a replay after a crash and an offline record, each
+grouped differently. Every statistic is the same bit for bit whatever the grouping: a rolling
+statistic is recomputed from its window (gathered into one row, reduced along the row, so the
+order of the additions depends on the window length only), never kept as a running sum, and the
+CUSUM recursion runs reading by reading.
 
-Missing samples. Callers pass only valid (finite) inputs: a missing reading (NaN) is skipped, the
-detector's state holds and the sample gets no statistic. Warm-up: a rolling detector gives no
-statistic until its window is full, so it cannot alarm before then.
+Missing inputs. A stream without input at a reading (NaN) is skipped: its state holds and the
+reading gets no statistic (NaN). A rolling detector gives no statistic until its window holds
+`window` inputs, so it cannot alarm before then.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from array import array
-from collections.abc import Iterable, Sequence
-from typing import Any, ClassVar, Literal, TypeGuard, TypeVar, cast
+from collections.abc import Sequence
+from typing import ClassVar, Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
-from app.errors import DataError
-
 Direction = Literal["above", "below"]
 Source = Literal["residual", "vector", "reference_gap"]
 FloatArray = NDArray[np.float64]
-F = TypeVar("F", float, FloatArray)
 
 CUSUM_DESIGN_RATIO = 2.0
 """CUSUM is tuned to detect a doubling of the residual variance (see `cusum_kappa`)."""
@@ -44,101 +41,16 @@ def cusum_kappa(variance_ratio: float = CUSUM_DESIGN_RATIO) -> float:
     """Allowance kappa that makes the CUSUM the likelihood-ratio test for var -> ratio * var.
 
     For Gaussian residuals the log-likelihood ratio of N(0, rho sigma^2) against N(0, sigma^2)
-    is proportional to r^2/sigma^2 - ln(rho)/(1 - 1/rho); rho = 2 gives kappa = 1.386, "slightly
-    above 1": the statistic drifts down under normal operation and up when variance doubles.
+    is proportional to r^2/sigma^2 - ln(rho)/(1 - 1/rho); rho = 2 gives kappa = 1.386: the
+    statistic drifts down in normal operation and up once the variance has doubled.
     """
     if variance_ratio <= 1.0:
         raise ValueError("the CUSUM is designed for a variance increase: ratio must exceed 1")
     return math.log(variance_ratio) / (1.0 - 1.0 / variance_ratio)
 
 
-# --- the formulas, each written once ------------------------------------------------------------
-
-
-def _sequential_sum(terms: Iterable[F]) -> F:
-    """Left-to-right sum: the same rounding for a float window and for a column of windows."""
-    iterator = iter(terms)
-    total = next(iterator)
-    for term in iterator:
-        total = total + term
-    return total
-
-
-def _sqrt(value: F) -> F:
-    if isinstance(value, float):
-        return math.sqrt(value)
-    return np.sqrt(value)
-
-
-def _abs(value: F) -> F:
-    if isinstance(value, float):
-        return abs(value)
-    return np.abs(value)
-
-
-def rms(window: Sequence[F]) -> F:
-    """sqrt(mean(r^2)) over the window."""
-    return _sqrt(_sequential_sum(x * x for x in window) / len(window))
-
-
-def std(window: Sequence[F]) -> F:
-    """Population standard deviation, two-pass (mean first) for accuracy near zero."""
-    mean = _sequential_sum(window) / len(window)
-    return _sqrt(_sequential_sum((x - mean) * (x - mean) for x in window) / len(window))
-
-
-def abs_mean(window: Sequence[F]) -> F:
-    """|mean| of the window: a sustained gap survives averaging, white noise does not."""
-    return _abs(_sequential_sum(window) / len(window))
-
-
-def cusum_increment(residual: F, sigma: float, kappa: float, clip: float | None) -> F:
-    """min(r^2 / sigma^2, clip) - kappa: positive on average only once the variance has grown."""
-    z = residual * residual / (sigma * sigma)
-    if clip is not None:
-        z = min(z, clip) if isinstance(z, float) else np.minimum(z, clip)
-    return z - kappa
-
-
-def cusum_steps(
-    previous: float, increments: Iterable[float], limit: float
-) -> tuple[list[float], float]:
-    """(S_t for each increment, the state carried forward): S_t = max(0, S_{t-1} + increment),
-    restarted at 0 once it has signalled (S_t > limit), so that each alarm is fresh evidence.
-    Both forms iterate it (one loop here: a call per sample would cost four times the step)."""
-    statistics = []
-    s = previous
-    for increment in increments:
-        total = s + increment
-        statistic = total if total > 0.0 else 0.0
-        statistics.append(statistic)
-        s = 0.0 if statistic > limit else statistic
-    return statistics, s
-
-
-def whitened_square(whitening: FloatArray, residual: Sequence[F]) -> F:
-    """d^2 = |L^-1 r|^2 = r^T Sigma^-1 r, with L the Cholesky factor of Sigma (fixed order)."""
-    rows: list[list[float]] = whitening.tolist()
-    terms: list[F] = []
-    for i, row in enumerate(rows):
-        terms.append(_sequential_sum(row[j] * residual[j] for j in range(i + 1)))
-    return _sequential_sum(y * y for y in terms)
-
-
-def _columns(view: FloatArray) -> list[FloatArray]:
-    return [view[:, j] for j in range(view.shape[1])]
-
-
-# --- detectors ----------------------------------------------------------------------------------
-
-
 class Detector(ABC):
-    """One statistic with its threshold and its running state.
-
-    `update` takes one valid input and returns the statistic (None during warm-up); `batch` takes
-    the valid inputs of a whole record and returns their statistics (NaN during warm-up); both
-    advance the same state, so a stream can switch between them at any sample.
-    """
+    """One statistic with its threshold; the per-stream state is a float vector it is handed."""
 
     kind: ClassVar[str]
     direction: ClassVar[Direction] = "above"
@@ -149,41 +61,32 @@ class Detector(ABC):
             raise ValueError(f"{self.kind}: the threshold must be finite, got {threshold}")
         self.threshold = float(threshold)
 
-    @abstractmethod
-    def update(self, value: Any) -> float | None:
-        """Advance by one valid input; the statistic, or None while warming up."""
+    @property
+    def state_size(self) -> int:
+        """Floats each stream carries between blocks."""
+        return 0
+
+    def initial_state(self) -> FloatArray:
+        """A fresh stream's state."""
+        return np.zeros(self.state_size)
 
     @abstractmethod
-    def batch(self, values: FloatArray) -> FloatArray:
-        """Advance by many valid inputs at once; their statistics, NaN while warming up."""
+    def statistics(self, inputs: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """The statistics of a block of inputs ((N, T), or (N, T, C) for a vector; NaN: no
+        input) from the streams' states ((N, state_size)): ((N, T) statistics, NaN where none;
+        the new states). Pure: `state` is left as it was."""
 
-    @classmethod
-    def update_many(
-        cls, detectors: Sequence[Detector], values: Any, *, alike: bool = False
-    ) -> FloatArray:
-        """`update` on many detectors of this kind and configuration (one per stream), one
-        valid input each (row i of `values` for detector i); NaN while one warms up.
-
-        The forms below compute the same formula for all the streams at once, over numpy
-        columns across the streams, so each statistic is the one `update` gives bit for bit
-        (see the module's note on exactness). `alike`: the caller vouches that the detectors
-        share their kind and configuration (those of one monitor configuration do), which
-        spares checking it detector by detector."""
-        out = [detector.update(value) for detector, value in zip(detectors, values, strict=True)]
-        return np.array([math.nan if x is None else x for x in out], dtype=np.float64)
-
-    def exceeds(self, statistic: F) -> Any:
+    def exceeds(self, statistic: FloatArray) -> NDArray[np.bool_]:
         """On the alarming side of the threshold (False for NaN: no statistic, no alarm)."""
         if self.direction == "above":
-            return statistic > self.threshold
-        return statistic < self.threshold
+            return np.asarray(statistic > self.threshold)
+        return np.asarray(statistic < self.threshold)
 
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if state:
-            raise DataError(f"{self.kind}: unexpected state keys {sorted(state)}")
+    def check_state(self, state: FloatArray) -> str | None:
+        """What is wrong with a restored state, or None."""
+        if state.shape != (self.state_size,):
+            return f"{self.kind}: a state of {self.state_size} numbers, got {state.shape}"
+        return None
 
 
 class PointDetector(Detector):
@@ -191,21 +94,15 @@ class PointDetector(Detector):
 
     kind = "point"
 
-    def update(self, value: float) -> float:
-        return _abs(value)
-
-    def batch(self, values: FloatArray) -> FloatArray:
-        return _abs(values)
-
-    @classmethod
-    def update_many(
-        cls, detectors: Sequence[Detector], values: Any, *, alike: bool = False
-    ) -> FloatArray:
-        return _abs(np.asarray(values, dtype=np.float64))
+    def statistics(self, inputs: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
+        return np.abs(inputs), state
 
 
-class _RollingDetector(Detector):
-    """A statistic of the last `window` valid inputs, recomputed from a ring buffer."""
+class RollingDetector(Detector):
+    """A statistic of the last `window` inputs of each stream, recomputed from the window.
+
+    The state is the last `window - 1` inputs, oldest first, NaN-padded on the left until the
+    stream has seen that many."""
 
     default_window: ClassVar[int]
 
@@ -214,91 +111,76 @@ class _RollingDetector(Detector):
         self.window = self.default_window if window is None else int(window)
         if self.window < 2:
             raise ValueError(f"{self.kind}: the window must hold at least 2 samples")
-        # The last `window` inputs, oldest first, as C doubles: 8 bytes each where a deque of
-        # Python floats costs 32 (and a live service holds one per detector and stream).
-        self._buffer = array("d")
+
+    @property
+    def state_size(self) -> int:
+        return self.window - 1
+
+    def initial_state(self) -> FloatArray:
+        return np.full(self.state_size, np.nan)
 
     @staticmethod
     @abstractmethod
-    def formula(window: Sequence[F]) -> F: ...
+    def formula(windows: FloatArray) -> FloatArray:
+        """(M, window) C-contiguous windows, oldest first -> (M,) statistics; NaN if a window
+        holds a NaN."""
 
-    def update(self, value: float) -> float | None:
-        self._buffer.append(value)
-        if len(self._buffer) > self.window:
-            del self._buffer[0]
-        if len(self._buffer) < self.window:
-            return None
-        return self.formula(list(self._buffer))
+    def statistics(self, inputs: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
+        count, steps = inputs.shape
+        has = ~np.isnan(inputs)
+        if not has.any():
+            return np.full((count, steps), np.nan), state
+        # Each stream's remembered inputs, then its new ones.
+        combined = np.concatenate((state, inputs), axis=1)
+        if has.all():  # the windows end at each new input
+            windows = combined[:, np.arange(steps)[:, None] + np.arange(self.window)]
+            statistics = self.formula(windows.reshape(-1, self.window)).reshape(count, steps)
+            return statistics, combined[:, steps:]
+        # The NaNs (no input, or a state not yet full) moved to the front, so that each
+        # stream's inputs form one run, in order.
+        present = ~np.isnan(combined)
+        order = np.argsort(present, axis=1, kind="stable")
+        combined = np.take_along_axis(combined, order, axis=1)
+        rows, columns = np.nonzero(has)
+        # Where each new input went: after the row's NaNs, at its rank among the inputs.
+        rank = np.cumsum(present, axis=1) - 1
+        first = combined.shape[1] - present.sum(axis=1)
+        ends = first[rows] + rank[rows, columns + self.state_size]
+        gather = ends[:, None] + np.arange(1 - self.window, 1)
+        statistics = np.full((count, steps), np.nan)
+        statistics[rows, columns] = self.formula(combined[rows[:, None], gather])
+        return statistics, combined[:, steps:]
 
-    def batch(self, values: FloatArray) -> FloatArray:
-        history = len(self._buffer)
-        extended = np.concatenate([np.frombuffer(self._buffer, dtype=np.float64), values])
-        out = np.full(values.shape[0], np.nan)
-        # Row i of the view is the window ending at extended[first + i + W - 1], i.e. at
-        # values[first + i + W - 1 - history]; windows ending inside the old buffer were
-        # reported already, so the view starts with the first window ending on a new value.
-        first = max(0, history - self.window + 1)
-        if values.shape[0] and extended.shape[0] - first >= self.window:
-            view = np.lib.stride_tricks.sliding_window_view(extended[first:], self.window)
-            out[first + self.window - 1 - history :] = self.formula(_columns(view))
-        self._buffer = array("d", extended[-self.window :].tolist())
-        return out
-
-    @classmethod
-    def update_many(
-        cls, detectors: Sequence[Detector], values: Any, *, alike: bool = False
-    ) -> FloatArray:
-        rolling = (
-            cast("Sequence[_RollingDetector]", detectors)
-            if alike
-            else [d for d in detectors if isinstance(d, _RollingDetector)]
-        )
-        window = rolling[0].window if rolling else 0
-        if not alike and (
-            len(rolling) != len(detectors) or any(d.window != window for d in rolling)
-        ):
-            return super().update_many(detectors, values)
-        out = np.full(len(rolling), np.nan)
-        full_rows: list[int] = []
-        full_buffers: list[array[float]] = []
-        for row, (detector, value) in enumerate(zip(rolling, values.tolist(), strict=True)):
-            buffer = detector._buffer
-            buffer.append(value)
-            if len(buffer) > window:
-                del buffer[0]
-            if len(buffer) == window:
-                full_rows.append(row)
-                full_buffers.append(buffer)
-        if full_buffers:
-            # Row i: stream i's window, oldest first, as `update` reads it.
-            windows = np.frombuffer(b"".join(full_buffers), dtype=np.float64)
-            out[full_rows] = cls.formula(_columns(windows.reshape(-1, window)))
-        return out
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"buffer": list(self._buffer)}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        buffer = state.get("buffer")
-        if set(state) != {"buffer"} or not isinstance(buffer, list):
-            raise DataError(f"{self.kind}: state must be {{'buffer': [...]}}")
-        if len(buffer) > self.window or not all(_is_finite_number(x) for x in buffer):
-            raise DataError(f"{self.kind}: the buffer must hold at most {self.window} numbers")
-        self._buffer = array("d", (float(x) for x in buffer))
+    def check_state(self, state: FloatArray) -> str | None:
+        problem = super().check_state(state)
+        if problem is None and np.isinf(state).any():
+            return f"{self.kind}: the remembered inputs must be finite"
+        if problem is None and np.isnan(state[(~np.isnan(state)).cumsum() > 0]).any():
+            return f"{self.kind}: the remembered inputs must be NaN-padded on the left only"
+        return problem
 
 
-class RollingRMSDetector(_RollingDetector):
-    """RMS of the last 50 residuals: a sustained rise of residual energy (excitation)."""
+def _row_sum(windows: FloatArray) -> FloatArray:
+    """Each row's sum, reduced along the row: the order of the additions depends on the row's
+    length only, never on how many rows there are."""
+    total: FloatArray = np.add.reduce(np.ascontiguousarray(windows), axis=1)
+    return total
+
+
+class RollingRMSDetector(RollingDetector):
+    """RMS of the last 50 residuals: a sustained rise of residual energy (a machine running
+    rough, an excitation)."""
 
     kind = "rolling_rms"
     default_window = 50
 
     @staticmethod
-    def formula(window: Sequence[F]) -> F:
-        return rms(window)
+    def formula(windows: FloatArray) -> FloatArray:
+        rms: FloatArray = np.sqrt(_row_sum(windows * windows) / windows.shape[1])
+        return rms
 
 
-class VarianceFloorDetector(_RollingDetector):
+class VarianceFloorDetector(RollingDetector):
     """Std of the last 20 residuals, alarming BELOW a floor: a frozen sensor is too predictable."""
 
     kind = "variance_floor"
@@ -306,16 +188,21 @@ class VarianceFloorDetector(_RollingDetector):
     default_window = 20
 
     @staticmethod
-    def formula(window: Sequence[F]) -> F:
-        return std(window)
+    def formula(windows: FloatArray) -> FloatArray:
+        # Two passes (the mean first): accurate near zero, where this detector looks.
+        length = windows.shape[1]
+        deviations = windows - (_row_sum(windows) / length)[:, None]
+        std: FloatArray = np.sqrt(_row_sum(deviations * deviations) / length)
+        return std
 
 
-class LevelDetector(_RollingDetector):
+class LevelDetector(RollingDetector):
     """|mean(value - reference)| over a short window: a sustained sensor offset stays visible.
 
-    The per-window forecaster re-centres on a new level within a step, so the residual shows an
-    offset only at its edges; a reference that does not move with the sensor (a redundant sensor,
-    the twin's physics prediction) shows it for its whole duration. No reference, no statistic.
+    A forecaster that reads its own recent readings re-centres on a new level within a step, so
+    the residual shows an offset only at its edges; a reference that does not move with the
+    sensor (a redundant sensor, the twin's physics prediction) shows it while it lasts. No
+    reference, no statistic.
     """
 
     kind = "level"
@@ -323,25 +210,25 @@ class LevelDetector(_RollingDetector):
     default_window = 10
 
     @staticmethod
-    def formula(window: Sequence[F]) -> F:
-        return abs_mean(window)
+    def formula(windows: FloatArray) -> FloatArray:
+        level: FloatArray = np.abs(_row_sum(windows) / windows.shape[1])
+        return level
 
 
 class CusumDetector(Detector):
-    """S_t = max(0, S_{t-1} + r_t^2/sigma^2 - kappa): accumulated small evidence of more energy.
+    """S_t = max(0, S_{t-1} + min(r_t^2/sigma^2, clip) - kappa): accumulated small evidence of
+    more residual energy than normal.
 
-    Restart after a signal: a sample with S_t above the limit is reported (and alarms), then the
-    recursion continues from 0. Without it, one spike (r = 1.5 is r^2/sigma^2 ~ 130 at sigma
-    0.13) keeps S above the limit for hundreds of samples, at a drain of only kappa - 1 per
-    sample, and the CUSUM is blind to the next fault; with it, a sustained fault re-signals every
-    limit/drift samples.
+    Restart after a signal: a reading whose S_t is above the limit is reported (and alarms),
+    then the recursion continues from 0. Without it, one spike keeps S above the limit for
+    hundreds of readings (it drains by only kappa - 1 a reading) and the CUSUM is blind to the
+    next fault; with it, a sustained fault signals again every limit/drift readings.
 
-    Bounded evidence (`clip`, None for the literal formula): each sample adds at most
-    clip - kappa. A single outlier is the point detector's business; unbounded, one r = 1.8 adds
-    ~180 at once and such samples make the statistic's normal tail so heavy (GPD shape 0.5 on
-    3 simulated days) that a limit for one false alarm a day is far above what a sustained rise
-    accumulates. With clip = 9 (3 sigma), the lab's excitation fault stands out at ~0.3 normal
-    events a day instead of ~3.
+    Bounded evidence (`clip`, None for the unbounded formula): each reading adds at most
+    clip - kappa. A single outlier is the point detector's business; unbounded, one outlier of
+    4 sigma adds 16 at once, and normal operation's rare outliers make the statistic's tail so
+    heavy that a limit for one false alarm a day sits far above what a sustained rise of energy
+    accumulates.
     """
 
     kind = "cusum"
@@ -355,74 +242,59 @@ class CusumDetector(Detector):
         clip: float | None = None,
     ) -> None:
         super().__init__(threshold=threshold)
-        if clip is not None and not (math.isfinite(clip) and clip > 0):
-            raise ValueError(f"cusum: clip must be positive, got {clip}")
-        self.clip = None if clip is None else float(clip)
         if not (math.isfinite(sigma) and sigma > 0):
             raise ValueError(f"cusum: sigma must be positive, got {sigma}")
+        if clip is not None and not (math.isfinite(clip) and clip > 0):
+            raise ValueError(f"cusum: clip must be positive, got {clip}")
         self.sigma = float(sigma)
         self.kappa = cusum_kappa() if kappa is None else float(kappa)
         if not (math.isfinite(self.kappa) and self.kappa > 0):
             raise ValueError(f"cusum: kappa must be positive, got {self.kappa}")
-        self._s = 0.0
+        self.clip = None if clip is None else float(clip)
 
-    def update(self, value: float) -> float:
-        increment = cusum_increment(value, self.sigma, self.kappa, self.clip)
-        (statistic,), self._s = cusum_steps(self._s, (increment,), self.threshold)
-        return statistic
+    @property
+    def state_size(self) -> int:
+        return 1
 
-    def batch(self, values: FloatArray) -> FloatArray:
-        increments = cusum_increment(values, self.sigma, self.kappa, self.clip).tolist()
-        out, self._s = cusum_steps(self._s, increments, self.threshold)
-        return np.asarray(out, dtype=np.float64)
+    def increments(self, inputs: FloatArray) -> FloatArray:
+        """min(r^2 / sigma^2, clip) - kappa: positive on average only once the variance grew."""
+        z = inputs * inputs / (self.sigma * self.sigma)
+        if self.clip is not None:
+            z = np.minimum(z, self.clip)
+        return z - self.kappa
 
-    @classmethod
-    def update_many(
-        cls, detectors: Sequence[Detector], values: Any, *, alike: bool = False
-    ) -> FloatArray:
-        cusums = (
-            cast("Sequence[CusumDetector]", detectors)
-            if alike
-            else [d for d in detectors if isinstance(d, CusumDetector)]
-        )
-        first = cusums[0] if cusums else None
-        if first is None or (
-            not alike
-            and (
-                len(cusums) != len(detectors)
-                or any(d._settings() != first._settings() for d in cusums)
-            )
-        ):
-            return super().update_many(detectors, values)
-        increments = cusum_increment(
-            np.asarray(values, dtype=np.float64), first.sigma, first.kappa, first.clip
-        )
-        # cusum_steps' step on arrays: the same comparisons and one addition per stream.
-        total = np.array([d._s for d in cusums]) + increments
-        statistics = np.where(total > 0.0, total, 0.0)
-        carried = np.where(statistics > first.threshold, 0.0, statistics)
-        for detector, s in zip(cusums, carried.tolist(), strict=True):
-            detector._s = s
-        return statistics
+    def statistics(self, inputs: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
+        limit = self.threshold
+        sums = state[:, 0].tolist()
+        out: list[list[float]] = []
+        for row, increments in enumerate(self.increments(inputs).tolist()):
+            s = sums[row]
+            line = []
+            for increment in increments:
+                if increment != increment:  # NaN: no input, the sum holds
+                    line.append(math.nan)
+                    continue
+                total = s + increment
+                statistic = total if total > 0.0 else 0.0
+                line.append(statistic)
+                s = 0.0 if statistic > limit else statistic
+            sums[row] = s
+            out.append(line)
+        statistics = np.array(out, dtype=np.float64).reshape(inputs.shape)
+        return statistics, np.array(sums, dtype=np.float64)[:, None]
 
-    def _settings(self) -> tuple[float, float, float, float | None]:
-        return self.threshold, self.sigma, self.kappa, self.clip
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"s": self._s}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        s = state.get("s")
-        if set(state) != {"s"} or not _is_finite_number(s) or s < 0:
-            raise DataError("cusum: state must be {'s': <non-negative number>}")
-        self._s = float(s)
+    def check_state(self, state: FloatArray) -> str | None:
+        problem = super().check_state(state)
+        if problem is None and not (math.isfinite(state[0]) and state[0] >= 0):
+            return "cusum: the running sum must be a non-negative number"
+        return problem
 
 
 class MahalanobisDetector(Detector):
     """d^2 = r^T Sigma^-1 r on a residual vector: broken correlations between channels.
 
-    Each channel can stay inside its own marginal range while the pair leaves the ellipse the
-    hold-out residuals fill; Sigma comes from those hold-out residuals.
+    Each channel can stay inside its own range while the pair leaves the ellipse that normal
+    residuals fill; Sigma is their covariance.
     """
 
     kind = "mahalanobis"
@@ -442,27 +314,14 @@ class MahalanobisDetector(Detector):
         self.covariance = matrix
         self.whitening: FloatArray = np.linalg.inv(factor)
 
-    def update(self, value: Sequence[float]) -> float:
-        return whitened_square(self.whitening, value)
-
-    def batch(self, values: FloatArray) -> FloatArray:
-        return whitened_square(self.whitening, _columns(values))
-
-    @classmethod
-    def update_many(
-        cls, detectors: Sequence[Detector], values: Any, *, alike: bool = False
-    ) -> FloatArray:
-        first = detectors[0] if detectors else None
-        if not isinstance(first, MahalanobisDetector) or (
-            not alike
-            and any(
-                not isinstance(d, MahalanobisDetector)
-                or not np.array_equal(d.whitening, first.whitening)
-                for d in detectors
-            )
-        ):
-            return super().update_many(detectors, values)
-        return first.batch(np.asarray(values, dtype=np.float64))
+    def statistics(self, inputs: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """|L^-1 r|^2 = r^T Sigma^-1 r (L: the Cholesky factor), reduced along fixed rows."""
+        count, steps, channels = inputs.shape
+        vectors = inputs.reshape(-1, channels)
+        whitened = np.stack(
+            [_row_sum(vectors * row[None, :]) for row in self.whitening], axis=1
+        )  # (N*T, C)
+        return _row_sum(whitened * whitened).reshape(count, steps), state
 
 
 DETECTORS: dict[str, type[Detector]] = {
@@ -476,7 +335,3 @@ DETECTORS: dict[str, type[Detector]] = {
         MahalanobisDetector,
     )
 }
-
-
-def _is_finite_number(value: object) -> TypeGuard[float]:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,11 +1,11 @@
-"""Fault-injection evaluation of a monitor (SPEC section 5): delays, events, false alarms.
+"""Fault-injection evaluation of a monitor: delays, events, false alarms.
 
-The forecaster runs over the record once (batched), then the monitor's batch form runs over the
-residuals: the same code the live engine steps one reading at a time. An alarm counts for a fault
-when its event starts inside [start, end + 20) (the lab's rule); the first `RECOVERY` samples after
-each fault are neither fault nor normal. False alarms are EVENTS that start on normal samples,
-counted per detector, in total, and as "any": incidents where any detector alarms, overlapping
-events of different detectors merged into one.
+A record is streamed through the stream recurrence, exactly as the live service would process
+it (`stream_record`). An alarm counts for a fault when its event starts inside
+[start, end + 20); the first `RECOVERY` samples after each fault are neither fault nor normal.
+False alarms are EVENTS that start on normal samples, counted per detector, in total, and as
+"any": incidents where any detector alarms, overlapping events of different detectors merged
+into one.
 """
 
 from __future__ import annotations
@@ -22,55 +22,76 @@ from app.forecasting.base import Forecaster
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.calibration import SECONDS_PER_DAY
 from app.monitoring.detectors import FloatArray
-from app.monitoring.monitor import DETECTOR_ORDER, Monitor, MonitorConfig, MonitorRun, reference_gap
-from app.monitoring.residuals import one_step_residuals
+from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
 from app.series import Series
 from app.simulation.faults import Fault
 from app.simulation.twin import simulate
+from app.streams.recurrence import Readings, Recurrence
 
 DETECTION_MARGIN = 20
 RECOVERY = 70
+BLOCK = 65_536
+"""Readings streamed at a time: bounds the memory a window forecaster's windows take (W floats
+a reading); the results do not depend on it."""
 
 
 @dataclass(frozen=True)
 class MonitoredRecord:
-    """A record run through forecaster and monitor: residuals, statistics and all events."""
+    """A record streamed through forecaster and monitor: residuals, statistics and all events."""
 
-    residuals: FloatArray
-    reference_gaps: FloatArray | None
-    run: MonitorRun
-    events: list[AlarmEvent]
+    residuals: FloatArray  # reading minus forecast, NaN where there is none
+    inputs: FloatArray  # the residuals the detectors saw, NaN where they saw none
+    reference_gaps: FloatArray | None  # reading minus reference, as the level detector saw it
+    statistics: dict[str, FloatArray]  # detector -> statistic, NaN where none
+    exceeded: dict[str, NDArray[np.bool_]]
+    events: list[AlarmEvent]  # those that ended, then those still open
 
     @property
     def samples(self) -> int:
         return int(self.residuals.shape[0])
 
 
-def record_inputs(
-    forecaster: Forecaster, series: Series, channels: Sequence[str]
-) -> tuple[FloatArray, FloatArray | None]:
-    """Residuals of the forecaster's target and the reading-minus-reference gaps (if any)."""
-    residuals = one_step_residuals(forecaster, series.matrix(list(channels)))
-    return residuals, warm_reference_gaps(series, forecaster.window)
-
-
-def warm_reference_gaps(series: Series, window: int) -> FloatArray | None:
-    """Reading minus reference, NaN for the first `window` samples: like the live engine, which
-    feeds its monitor nothing before the stream's forecast window is warm."""
-    if series.reference is None:
-        return None
-    gaps = np.array(reference_gap(series.value, series.reference), dtype=np.float64)
-    gaps[:window] = np.nan
-    return gaps
-
-
-def monitor_record(
-    config: MonitorConfig, residuals: FloatArray, reference_gaps: FloatArray | None
+def stream_record(
+    forecaster: Forecaster,
+    config: MonitorConfig,
+    series: Series,
+    channels: Sequence[str],
+    *,
+    sample_period_s: float,
 ) -> MonitoredRecord:
-    """Run a fresh monitor over a whole record."""
-    monitor = Monitor(config)
-    run = monitor.run(residuals, reference_gaps)
-    return MonitoredRecord(residuals, reference_gaps, run, run.events(monitor.open_events()))
+    """The record through a fresh stream of the recurrence, from its first sample."""
+    recurrence = Recurrence(forecaster, config)
+    state = recurrence.new_state()
+    values = series.matrix(list(channels))
+    times = np.round(np.asarray(series.t, dtype=np.float64) * 1e6).astype(np.int64)
+    residuals, inputs, gaps, events = [], [], [], []
+    statistics: dict[str, list[FloatArray]] = {kind: [] for kind in recurrence.monitor.kinds}
+    for start in range(0, len(series), BLOCK):
+        part = slice(start, start + BLOCK)
+        reference = None if series.reference is None else series.reference[part]
+        block = recurrence.advance(
+            [state], Readings.of_one(times[part], values[part], reference), [sample_period_s]
+        )
+        result = block.stream(0)
+        residuals.append(result.residual)
+        inputs.append(np.where(result.monitored, result.residual, np.nan))
+        gaps.append(result.reference_gap)
+        events += result.closed
+        for kind, column in result.statistics.items():
+            statistics[kind].append(column)
+    joined = {kind: np.concatenate(parts) for kind, parts in statistics.items()}
+    detectors = {detector.kind: detector for detector in recurrence.monitor.detectors}
+    return MonitoredRecord(
+        residuals=np.concatenate(residuals) if residuals else np.empty(0),
+        inputs=np.concatenate(inputs) if inputs else np.empty(0),
+        reference_gaps=np.concatenate(gaps) if series.reference is not None and gaps else None,
+        statistics=joined,
+        exceeded={kind: detectors[kind].exceeds(values) for kind, values in joined.items()},
+        events=sorted(
+            events + recurrence.monitor.open_events(state.monitor),
+            key=lambda e: (e.start, DETECTOR_ORDER.index(e.detector)),
+        ),
+    )
 
 
 def incidents(events: Sequence[AlarmEvent], stop: int) -> list[tuple[int, int]]:
@@ -101,7 +122,7 @@ def score_faults(
 ) -> dict[str, Any]:
     """Per fault: who caught it, events, alarm samples, delay; false alarms; precision."""
     total = record.samples
-    detectors = [k for k in DETECTOR_ORDER if k in record.run.statistics]
+    detectors = [k for k in DETECTOR_ORDER if k in record.statistics]
     windows = [(f.start, f.end + DETECTION_MARGIN) for f in faults]
     in_fault = _mask(total, windows)
     normal = np.zeros(total, dtype=bool)
@@ -116,7 +137,7 @@ def score_faults(
         per_detector: dict[str, Any] = {}
         for kind in detectors:
             caught = [e for e in record.events if e.detector == kind and start <= e.start < stop]
-            alarm_samples = int(record.run.exceeded[kind][start : min(stop, total)].sum())
+            alarm_samples = int(record.exceeded[kind][start : min(stop, total)].sum())
             per_detector[kind] = {
                 "events": len(caught),
                 "alarm_samples": alarm_samples,
@@ -176,14 +197,13 @@ def normal_day_false_alarms(
     samples = round(days * SECONDS_PER_DAY / sample_period_s)
     series = simulate(seed, samples).to_series()
     simulated = time.perf_counter()
-    residuals, gaps = record_inputs(forecaster, series, channels)
-    forecast = time.perf_counter()
-    record = monitor_record(config, residuals, gaps)
+    record = stream_record(forecaster, config, series, channels, sample_period_s=sample_period_s)
+    residuals = record.residuals
     watched = int((~np.isnan(residuals)).sum())
     watched_days = watched * sample_period_s / SECONDS_PER_DAY
-    counts = {k: sum(1 for e in record.events if e.detector == k) for k in record.run.statistics}
+    counts = {k: sum(1 for e in record.events if e.detector == k) for k in record.statistics}
     counts["any"] = len(incidents(record.events, record.samples))
-    counts["total"] = sum(counts[k] for k in record.run.statistics)
+    counts["total"] = sum(counts[k] for k in record.statistics)
     finite = residuals[~np.isnan(residuals)]
     return {
         "days": days,
@@ -199,7 +219,6 @@ def normal_day_false_alarms(
         "events": [e.as_json() for e in record.events[:200]],
         "seconds": {
             "simulate": simulated - started,
-            "forecast": forecast - simulated,
-            "monitor": time.perf_counter() - forecast,
+            "stream": time.perf_counter() - simulated,
         },
     }

@@ -1,38 +1,38 @@
-"""The monitor of one stream: configured detectors, their thresholds and alarm rules, and state.
+"""The monitor: a configuration's detectors and alarm rules, run over blocks of residuals.
 
-    config = MonitorConfig.from_manifest(loaded.manifest)   # thresholds written by calibrate
-    monitor = Monitor(config)                               # one per stream
-    step = monitor.update(residual, reference_gap=reference_gap(value, reference))  # or None
-    step.statistics, step.opened, step.closed               # per-detector values, transitions
-    saved = monitor.state_dict()            # JSON; resume with Monitor.from_state(config, saved)
-    run = monitor.run(residuals, reference_gaps)            # batch: same numbers, same events
+    config = MonitorConfig.from_manifest(manifest)      # thresholds written by calibrate
+    monitor = Monitor(config)                           # shared by every stream configured alike
+    state = monitor.new_state()                         # one per stream
+    block = monitor.advance([state], residuals, gaps, first_samples=[0])
+    block.statistics, block.opened, block.closed        # per-detector values, transitions
+    saved = monitor.state_to_json(state)                # resume with monitor.state_from_json
 
-`update` and `run` advance the same state: a stream may be replayed in batch and continued one
-reading at a time, and gives the same statistics (bit for bit) and the same events either way.
+A block is the residuals of many streams over many readings, `(N, T)` (`(N, T, C)` for a sensor
+group), with the gaps between readings and their reference sensors beside them. Whatever the
+grouping of streams and readings into blocks, every stream gets the same statistics, bit for
+bit, the same events and the same state: the live service, a replay after a crash and the
+offline evaluation all run this one function.
 
-Inputs. The residual is a float (one channel) or a vector (a sensor group; the scalar detectors
-watch channel 0, `mahalanobis` the whole vector). NaN means a missing reading: detectors skip the
-sample, their state holds, the sample has no statistic (None / NaN) and cannot alarm. An
-infinite residual or gap is refused with a DataError: it would poison every running statistic.
+NaN means no input: the stream's detectors skip the reading, their state holds, the reading has
+no statistic and cannot alarm. An infinite residual or gap is refused with a DataError before
+anything changes: it would poison every running statistic.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.errors import ArtifactError, DataError
-from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule
+from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule, RuleState
 from app.monitoring.detectors import (
     CusumDetector,
     Detector,
-    F,
     FloatArray,
     LevelDetector,
     MahalanobisDetector,
@@ -41,10 +41,8 @@ from app.monitoring.detectors import (
     VarianceFloorDetector,
 )
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 DETECTOR_ORDER = ("point", "rolling_rms", "variance_floor", "cusum", "level", "mahalanobis")
-FEW_MONITORS = 24
-"""Below this many monitors `Monitor.update_many` steps them one by one (cheaper than numpy)."""
 
 
 # --- configuration (what a manifest stores) ------------------------------------------------------
@@ -152,7 +150,7 @@ def _summary(exc: ValidationError) -> str:
 
 
 def build_detector(config: DetectorConfig) -> Detector:
-    """A fresh detector from its configuration."""
+    """A detector from its configuration."""
     threshold = config.threshold
     if isinstance(config, PointConfig):
         return PointDetector(threshold=threshold)
@@ -169,382 +167,211 @@ def build_detector(config: DetectorConfig) -> Detector:
     return MahalanobisDetector(threshold=threshold, covariance=config.covariance)
 
 
-# --- results ------------------------------------------------------------------------------------
+# --- state and results --------------------------------------------------------------------------
+
+
+@dataclass
+class MonitorState:
+    """One stream's monitor: every detector's floats side by side, and each rule's state."""
+
+    values: FloatArray  # (Monitor.state_size,)
+    rules: list[RuleState]  # in the monitor's detector order
+    busy: bool = False  # some rule is not idle (an event open, or recent exceedances)
 
 
 @dataclass(frozen=True)
-class MonitorStep:
-    """What one reading did: each detector's statistic (None if it has none) and transitions."""
+class MonitorBlock:
+    """What a block did: each detector's statistics ((N, T), NaN where none) and, by row (the
+    streams that had any), the events opened and closed, in sample order."""
 
-    sample: int
-    statistics: dict[str, float | None]
-    exceeded: dict[str, bool]
-    opened: list[AlarmEvent]
-    closed: list[AlarmEvent]
-
-
-@dataclass(frozen=True)
-class MonitorSteps:
-    """`Monitor.update_many`'s results as columns over the monitors (row i: monitor i):
-    statistics NaN where `update` gives None; transitions only for the rows that had one, and
-    the rows left with an open event (they alone need `open_events`)."""
-
-    samples: list[int]
     statistics: dict[str, FloatArray]
-    exceeded: dict[str, NDArray[np.bool_]]
-    opened: dict[int, list[AlarmEvent]]
-    closed: dict[int, list[AlarmEvent]]
-    still_open: set[int]
-
-    @classmethod
-    def of(cls, steps: Sequence[MonitorStep], monitors: Sequence[Monitor]) -> MonitorSteps:
-        kinds = list(steps[0].statistics) if steps else []
-        return cls(
-            samples=[step.sample for step in steps],
-            statistics={
-                kind: np.array(
-                    [math.nan if (x := step.statistics[kind]) is None else x for step in steps],
-                    dtype=np.float64,
-                )
-                for kind in kinds
-            },
-            exceeded={kind: np.array([step.exceeded[kind] for step in steps]) for kind in kinds},
-            opened={row: step.opened for row, step in enumerate(steps) if step.opened},
-            closed={row: step.closed for row, step in enumerate(steps) if step.closed},
-            still_open={
-                row
-                for row, monitor in enumerate(monitors)
-                if any(rule.is_open for rule in monitor.rules.values())
-            },
-        )
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def step(self, row: int) -> MonitorStep:
-        """Row `row` as `update` gives it."""
-        return MonitorStep(
-            self.samples[row],
-            {
-                kind: None if math.isnan(x := float(column[row])) else x
-                for kind, column in self.statistics.items()
-            },
-            {kind: bool(column[row]) for kind, column in self.exceeded.items()},
-            list(self.opened.get(row, [])),
-            list(self.closed.get(row, [])),
-        )
-
-    def __iter__(self) -> Iterator[MonitorStep]:
-        return (self.step(row) for row in range(len(self)))
-
-
-@dataclass(frozen=True)
-class MonitorRun:
-    """A batch: per-detector statistic (NaN = none) and exceedance arrays, and the transitions."""
-
-    first_sample: int
-    statistics: dict[str, FloatArray]
-    exceeded: dict[str, NDArray[np.bool_]]
-    opened: list[AlarmEvent]
-    closed: list[AlarmEvent]
-
-    def events(self, still_open: Sequence[AlarmEvent] = ()) -> list[AlarmEvent]:
-        """Events that ended in this run plus `still_open`, ordered by start then detector."""
-        order = {kind: i for i, kind in enumerate(DETECTOR_ORDER)}
-        return sorted([*self.closed, *still_open], key=lambda e: (e.start, order[e.detector]))
+    opened: dict[int, list[AlarmEvent]] = field(default_factory=dict)
+    closed: dict[int, list[AlarmEvent]] = field(default_factory=dict)
 
 
 # --- the monitor --------------------------------------------------------------------------------
 
 
 class Monitor:
-    """The configured detectors of one stream with their alarm rules and running state."""
+    """The configured detectors with their alarm rules, in `DETECTOR_ORDER`."""
 
     def __init__(self, config: MonitorConfig) -> None:
         self.config = config
         ordered = sorted(config.detectors, key=lambda d: DETECTOR_ORDER.index(d.kind))
-        self.detectors: dict[str, Detector] = {d.kind: build_detector(d) for d in ordered}
-        self.rules: dict[str, AlarmRule] = {
-            d.kind: AlarmRule(
-                d.kind,
-                d.alarm or config.alarm,
-                threshold=d.threshold,
-                direction=self.detectors[d.kind].direction,
+        self.detectors = [build_detector(d) for d in ordered]
+        self.kinds = [d.kind for d in ordered]
+        self.rules = [
+            AlarmRule(
+                detector.kind,
+                settings.alarm or config.alarm,
+                threshold=detector.threshold,
+                direction=detector.direction,
             )
-            for d in ordered
-        }
-        self._sample = 0
-        # The same, as tuples in the detectors' order: `update_many` transposes a tick's
-        # monitors into one tuple per kind with a single zip.
-        self._detector_tuple = tuple(self.detectors.values())
-        self._rule_tuple = tuple(self.rules.values())
+            for detector, settings in zip(self.detectors, ordered, strict=True)
+        ]
+        self.slices: list[slice] = []
+        offset = 0
+        for detector in self.detectors:
+            self.slices.append(slice(offset, offset + detector.state_size))
+            offset += detector.state_size
+        self.state_size = offset
+        self._initial = np.concatenate([np.empty(0), *(d.initial_state() for d in self.detectors)])
 
     @property
-    def sample(self) -> int:
-        """Index of the next sample (the number of samples seen)."""
-        return self._sample
+    def thresholds(self) -> dict[str, float]:
+        return {d.kind: d.threshold for d in self.detectors}
 
-    # -- incremental --
+    def new_state(self) -> MonitorState:
+        return MonitorState(self._initial.copy(), [RuleState() for _ in self.rules])
 
-    def update(
-        self, residual: float | Sequence[float], *, reference_gap: float | None = None
-    ) -> MonitorStep:
-        """Advance by one reading (residual: value - forecast; reference_gap: value - reference)."""
-        vector = self._vector(residual)
-        gap = None if reference_gap is None else float(reference_gap)
-        if gap is not None and math.isinf(gap):
-            raise DataError(f"sample {self._sample}: the reference gap is infinite")
-        sample = self._sample
-        statistics: dict[str, float | None] = {}
-        exceeded: dict[str, bool] = {}
-        opened: list[AlarmEvent] = []
-        closed: list[AlarmEvent] = []
-        for kind, detector in self.detectors.items():
-            value: Any
-            if detector.source == "reference_gap":
-                value = gap if gap is not None and not math.isnan(gap) else None
-            elif detector.source == "vector":
-                value = vector if not any(math.isnan(x) for x in vector) else None
-            else:
-                value = vector[0] if not math.isnan(vector[0]) else None
-            statistic = None if value is None else detector.update(value)
-            statistics[kind] = statistic
-            exceeded[kind] = statistic is not None and bool(detector.exceeds(statistic))
-            if statistic is not None:
-                event_opened, event_closed = self.rules[kind].observe(
-                    sample, statistic, exceeded[kind]
-                )
-                if event_opened is not None:
-                    opened.append(event_opened)
-                if event_closed is not None:
-                    closed.append(event_closed)
-        self._sample += 1
-        return MonitorStep(sample, statistics, exceeded, opened, closed)
-
-    @staticmethod
-    def update_many(
-        monitors: Sequence[Monitor],
-        residuals: NDArray[np.float64],
-        reference_gaps: NDArray[np.float64] | None = None,
-    ) -> MonitorSteps:
-        """`update` on many monitors of one configuration (one per stream), one reading each:
-        row i of `residuals` ((N, C), NaN: none) and of `reference_gaps` ((N,), NaN: none) for
-        monitor i. Each detector kind is stepped for all the streams at once and the results
-        come back as columns; every stream gets the statistics and transitions `update` would
-        give it. Nothing changes on bad input. Fewer than `FEW_MONITORS` are stepped one by
-        one: numpy's per-call overhead would cost more than it saves (one monitor: 17 us
-        alone, 170 us through numpy)."""
-        if not monitors:
-            return MonitorSteps([], {}, {}, {}, {}, set())
-        config = monitors[0].config
+    def advance(
+        self,
+        states: Sequence[MonitorState],
+        residuals: FloatArray,
+        reference_gaps: FloatArray | None = None,
+        *,
+        first_samples: Sequence[int],
+    ) -> MonitorBlock:
+        """Advance each stream's state (row i of the block is `states[i]`, its reading t the
+        stream's sample `first_samples[i] + t`) and say what happened."""
         matrix = np.asarray(residuals, dtype=np.float64)
-        if matrix.ndim == 1:
-            matrix = matrix[:, None]
-        count = len(monitors)
-        shared = all(m.config is config or m.config == config for m in monitors)
-        if matrix.shape != (count, config.channels) or not shared:
-            raise ValueError("update_many takes one residual row per monitor of one configuration")
-        gaps = (
-            np.full(count, np.nan)
-            if reference_gaps is None
-            else np.asarray(reference_gaps, dtype=np.float64)
-        )
-        infinite = (("residual", np.isinf(matrix).any(axis=1)), ("reference gap", np.isinf(gaps)))
-        for name, bad in infinite:
-            if bad.any():
-                row = int(np.flatnonzero(bad)[0])
-                raise DataError(f"sample {monitors[row]._sample}: the {name} is infinite")
-        if count < FEW_MONITORS:
-            row_list, gap_list = matrix.tolist(), gaps.tolist()
-            return MonitorSteps.of(
-                [
-                    monitor.update(row_list[index], reference_gap=gap_list[index])
-                    for index, monitor in enumerate(monitors)
-                ],
-                monitors,
-            )
-        samples = [monitor._sample for monitor in monitors]
-        statistics: dict[str, FloatArray] = {}
-        exceeded: dict[str, NDArray[np.bool_]] = {}
-        opened: dict[int, list[AlarmEvent]] = {}
-        closed: dict[int, list[AlarmEvent]] = {}
-        still_open: set[int] = set()
-        detectors_by_kind = zip(*(monitor._detector_tuple for monitor in monitors), strict=True)
-        rules_by_kind = zip(*(monitor._rule_tuple for monitor in monitors), strict=True)
-        detectors: Sequence[Detector]
-        rules: Sequence[AlarmRule]
-        for (kind, first), detectors, rules in zip(
-            monitors[0].detectors.items(), detectors_by_kind, rules_by_kind, strict=True
-        ):
-            inputs, valid = _inputs(first, matrix, gaps)
-            statistic = np.full(count, np.nan)
-            over = np.zeros(count, dtype=bool)
-            statistics[kind], exceeded[kind] = statistic, over
-            rows: Sequence[int]
-            if valid.all():
-                rows = range(count)
-            else:  # rows without an input: their rule holds, open or not
-                rows = np.flatnonzero(valid).tolist()
-                still_open.update(
-                    row for row in np.flatnonzero(~valid).tolist() if rules[row].is_open
-                )
-                if not rows:
-                    continue
-                detectors, rules = [detectors[r] for r in rows], [rules[r] for r in rows]
-                inputs = inputs[rows]
-            values = type(first).update_many(detectors, inputs, alike=True)
-            statistic[rows] = values
-            over[:] = first.exceeds(statistic)
-            AlarmRule.observe_many(
-                rules,
-                rows,
-                samples if len(rows) == count else [samples[row] for row in rows],
-                values.tolist(),
-                over[rows].tolist(),
-                opened=opened,
-                closed=closed,
-                still_open=still_open,
-            )
-        for monitor in monitors:
-            monitor._sample += 1
-        return MonitorSteps(samples, statistics, exceeded, opened, closed, still_open)
-
-    def _vector(self, residual: float | Sequence[float]) -> list[float]:
-        if isinstance(residual, int | float):
-            vector = [float(residual)]
-        else:
-            vector = [float(x) for x in residual]
-        if len(vector) != self.config.channels:
+        if matrix.ndim == 2:
+            matrix = matrix[:, :, None]
+        count = len(states)
+        if matrix.ndim != 3 or matrix.shape[0] != count or matrix.shape[2] != self.config.channels:
             raise DataError(
-                f"sample {self._sample}: {len(vector)} residual channel(s), "
-                f"the monitor watches {self.config.channels}"
+                f"residuals of shape {np.shape(residuals)} for {count} stream(s): the monitor "
+                f"watches {self.config.channels} channel(s)"
             )
-        if any(math.isinf(x) for x in vector):
-            raise DataError(f"sample {self._sample}: the residual is infinite")
-        return vector
-
-    # -- batch --
-
-    def run(
-        self, residuals: NDArray[np.float64], reference_gaps: NDArray[np.float64] | None = None
-    ) -> MonitorRun:
-        """Advance by a whole record, exactly as `update` on each of its samples would."""
-        matrix = np.asarray(residuals, dtype=np.float64)
-        if matrix.ndim == 1:
-            matrix = matrix[:, None]
-        if matrix.ndim != 2 or matrix.shape[1] != self.config.channels:
-            raise DataError(
-                f"residuals of shape {np.shape(residuals)}: the monitor watches "
-                f"{self.config.channels} channel(s)"
-            )
-        count = matrix.shape[0]
-        _refuse_infinite(matrix, "residual", self._sample)
+        steps = matrix.shape[1]
         gaps = None
         if reference_gaps is not None:
             gaps = np.asarray(reference_gaps, dtype=np.float64)
-            if gaps.shape != (count,):
-                raise DataError(f"reference gaps of shape {gaps.shape} for {count} residuals")
-            _refuse_infinite(gaps, "reference gap", self._sample)
-        samples = np.arange(self._sample, self._sample + count, dtype=np.int64)
-        statistics: dict[str, FloatArray] = {}
-        exceeded: dict[str, NDArray[np.bool_]] = {}
-        opened: list[AlarmEvent] = []
-        closed: list[AlarmEvent] = []
-        for kind, detector in self.detectors.items():
-            inputs, valid = _inputs(
-                detector, matrix, gaps if gaps is not None else np.full(count, np.nan)
-            )
-            statistic = np.full(count, np.nan)
-            statistic[valid] = detector.batch(np.ascontiguousarray(inputs[valid]))
-            has = ~np.isnan(statistic)
-            over = np.zeros(count, dtype=bool)
-            over[has] = detector.exceeds(statistic[has])
-            statistics[kind] = statistic
-            exceeded[kind] = over
-            event_opened, event_closed = self.rules[kind].run(
-                samples[has], statistic[has], over[has]
-            )
-            opened.extend(event_opened)
-            closed.extend(event_closed)
-        self._sample += count
+            if gaps.shape != (count, steps):
+                raise DataError(
+                    f"reference gaps of shape {gaps.shape} for residuals {matrix.shape}"
+                )
+        for name, values in (("residual", matrix), ("reference gap", gaps)):
+            if values is not None and np.isinf(values).any():
+                row, t = (int(i) for i in np.argwhere(np.isinf(values))[0][:2])
+                raise DataError(f"sample {first_samples[row] + t}: the {name} is infinite")
+        if not count:
+            return MonitorBlock({kind: np.empty((0, steps)) for kind in self.kinds})
+        stacked = np.array([state.values for state in states])
+        after = stacked.copy()
+        busy = [row for row, state in enumerate(states) if state.busy]
+        block = MonitorBlock({})
+        touched: set[int] = set()
+        for index, (detector, rule, part) in enumerate(
+            zip(self.detectors, self.rules, self.slices, strict=True)
+        ):
+            if detector.source == "reference_gap":
+                if gaps is None:  # no reference: no statistic, the state holds
+                    block.statistics[detector.kind] = np.full((count, steps), np.nan)
+                    continue
+                inputs = gaps
+            elif detector.source == "vector":
+                inputs = matrix
+            else:
+                inputs = matrix[:, :, 0]
+            statistics, after[:, part] = detector.statistics(inputs, stacked[:, part])
+            block.statistics[detector.kind] = statistics
+            exceeded = detector.exceeds(statistics)
+            if not (busy or exceeded.any()):
+                continue
+            rows = sorted(set(np.flatnonzero(exceeded.any(axis=1)).tolist()).union(busy))
+            touched.update(rows)
+            for row in rows:
+                has = np.flatnonzero(~np.isnan(statistics[row]))
+                opened, closed = rule.observe(
+                    states[row].rules[index],
+                    (has + first_samples[row]).tolist(),
+                    statistics[row, has].tolist(),
+                    np.flatnonzero(exceeded[row, has]).tolist(),
+                )
+                if opened:
+                    block.opened.setdefault(row, []).extend(opened)
+                if closed:
+                    block.closed.setdefault(row, []).extend(closed)
+        for row, state in enumerate(states):
+            state.values = after[row].copy()  # (a view would keep the whole block alive)
+        for row in touched:
+            states[row].busy = not all(rule.idle for rule in states[row].rules)
         order = {kind: i for i, kind in enumerate(DETECTOR_ORDER)}
-        opened.sort(key=lambda e: (e.start, order[e.detector]))
-        closed.sort(key=lambda e: (e.cleared_at or 0, order[e.detector]))
-        return MonitorRun(
-            samples[0] if count else self._sample, statistics, exceeded, opened, closed
-        )
+        for events in block.opened.values():
+            events.sort(key=lambda e: (e.start, order[e.detector]))
+        for events in block.closed.values():
+            events.sort(key=lambda e: (e.cleared_at or 0, order[e.detector]))
+        return block
 
     # -- state --
 
-    def open_events(self) -> list[AlarmEvent]:
+    def open_events(self, state: MonitorState) -> list[AlarmEvent]:
         """Events still open, with their peak so far."""
-        return [e for rule in self.rules.values() if rule.is_open and (e := rule.current())]
+        return [
+            event
+            for rule, rule_state in zip(self.rules, state.rules, strict=True)
+            if (event := rule.current(rule_state)) is not None
+        ]
 
-    def open_peaks(self) -> dict[str, float]:
-        """The peak so far of each open event, by detector."""
-        return {
-            kind: event.peak
-            for kind, rule in self.rules.items()
-            if rule.is_open and (event := rule.current())
-        }
-
-    def state_dict(self) -> dict[str, Any]:
-        """JSON-ready state (finite floats, ints, lists): checkpoint it, restore with from_state."""
+    def state_to_json(self, state: MonitorState) -> dict[str, Any]:
+        """JSON-ready (finite floats, None for a detector's not-yet-filled slots)."""
         return {
             "version": STATE_VERSION,
-            "sample": self._sample,
-            "detectors": {k: d.state_dict() for k, d in self.detectors.items()},
-            "alarms": {k: r.state_dict() for k, r in self.rules.items()},
+            "values": [None if math.isnan(x) else x for x in state.values.tolist()],
+            "rules": {
+                kind: rule_state.to_json()
+                for kind, rule_state in zip(self.kinds, state.rules, strict=True)
+            },
         }
 
-    @classmethod
-    def from_state(cls, config: MonitorConfig, state: Mapping[str, Any]) -> Monitor:
-        """Resume a stream: the continuation is identical to never having stopped."""
-        monitor = cls(config)
-        if state.get("version") != STATE_VERSION:
+    def state_from_json(self, saved: Mapping[str, Any]) -> MonitorState:
+        """Resume a stream: the continuation is identical to never having stopped. A state of
+        another configuration (other detectors, other windows) is refused with a DataError."""
+        if saved.get("version") == 1:
+            saved = self._upgrade(saved)
+        if saved.get("version") != STATE_VERSION:
+            raise DataError(f"monitor state version {saved.get('version')!r} is not supported")
+        raw_values, raw_rules = saved.get("values"), saved.get("rules")
+        if not isinstance(raw_values, list) or not isinstance(raw_rules, dict):
+            raise DataError("monitor state needs 'values' and 'rules'")
+        if set(raw_rules) != set(self.kinds) or len(raw_values) != self.state_size:
             raise DataError(
-                f"monitor state version {state.get('version')!r} is not {STATE_VERSION}"
+                f"monitor state is for detectors {sorted(raw_rules)}, "
+                f"the configuration has {sorted(self.kinds)}"
             )
-        detectors = state.get("detectors")
-        alarms = state.get("alarms")
-        sample = state.get("sample")
-        if not isinstance(detectors, dict) or not isinstance(alarms, dict):
-            raise DataError("monitor state needs 'detectors' and 'alarms' objects")
-        if set(detectors) != set(monitor.detectors) or set(alarms) != set(monitor.rules):
-            raise DataError(
-                f"monitor state is for detectors {sorted(detectors)}, "
-                f"the configuration has {sorted(monitor.detectors)}"
+        try:
+            values = np.array(
+                [math.nan if x is None else float(x) for x in raw_values], dtype=np.float64
             )
-        if not isinstance(sample, int) or isinstance(sample, bool) or sample < 0:
-            raise DataError("monitor state needs a non-negative integer 'sample'")
-        for kind, detector in monitor.detectors.items():
-            detector.load_state_dict(dict(detectors[kind]))
-            monitor.rules[kind].load_state_dict(dict(alarms[kind]))
-        monitor._sample = sample
-        return monitor
+        except (TypeError, ValueError):
+            raise DataError("monitor state values must be numbers or null") from None
+        for detector, part in zip(self.detectors, self.slices, strict=True):
+            problem = detector.check_state(values[part])
+            if problem is not None:
+                raise DataError(f"monitor state: {problem}")
+        rules = [
+            RuleState.from_json(raw_rules[rule.detector], rule.policy, rule.detector)
+            for rule in self.rules
+        ]
+        return MonitorState(values, rules, busy=not all(r.idle for r in rules))
+
+    def _upgrade(self, saved: Mapping[str, Any]) -> dict[str, Any]:
+        """A state written by twinwatch 0.1 (per-detector buffers of up to `window` inputs)."""
+        detectors = saved.get("detectors")
+        if not isinstance(detectors, dict) or set(detectors) != set(self.kinds):
+            raise DataError("monitor state (version 1) is for another configuration")
+        values: list[float | None] = []
+        for detector in self.detectors:
+            old = detectors[detector.kind]
+            if isinstance(detector, CusumDetector):
+                values.append(old.get("s"))
+            elif detector.state_size:
+                kept = list(old.get("buffer", []))[-detector.state_size :]
+                values += [None] * (detector.state_size - len(kept)) + kept
+        return {"version": STATE_VERSION, "values": values, "rules": saved.get("alarms")}
 
 
-def _inputs(
-    detector: Detector, residuals: NDArray[np.float64], gaps: NDArray[np.float64]
-) -> tuple[NDArray[np.float64], NDArray[np.bool_]]:
-    """What the detector reads from each row ((N, C) residuals, (N,) reference gaps) and which
-    rows have it (no NaN)."""
-    if detector.source == "reference_gap":
-        return gaps, ~np.isnan(gaps)
-    if detector.source == "vector":
-        return residuals, np.asarray(~np.isnan(residuals).any(axis=1))
-    column = residuals[:, 0]
-    return column, ~np.isnan(column)
-
-
-def _refuse_infinite(values: NDArray[np.float64], what: str, offset: int) -> None:
-    bad = np.isinf(values)
-    if bad.any():
-        index = int(np.argwhere(bad)[0][0])
-        raise DataError(f"sample {offset + index}: the {what} is infinite")
-
-
-def reference_gap(value: F, reference: F) -> F:
-    """What the level detector watches: the reading minus the reference sent with it (floats for
-    one reading, arrays for a record)."""
+def reference_gap(value: FloatArray, reference: FloatArray) -> FloatArray:
+    """What the level detector watches: the reading minus the reference sent with it."""
     return value - reference

@@ -33,7 +33,7 @@ def plot_record(
 ) -> Path:
     """Residual and statistics over [start, stop), faults shaded, alarm events marked."""
     stop = record.samples if stop is None else stop
-    kinds = [k for k in DETECTOR_ORDER if k in record.run.statistics]
+    kinds = [k for k in DETECTOR_ORDER if k in record.statistics]
     thresholds = config.thresholds()
     x = np.arange(start, stop)
     # The object API, not pyplot: no global figure state, safe outside the main thread.
@@ -43,7 +43,7 @@ def plot_record(
     panels[0].plot(x, record.residuals[start:stop], lw=0.6, color="black")
     panels[0].set_ylabel("residual")
     for panel, kind in zip(panels[1:], kinds, strict=True):
-        panel.plot(x, record.run.statistics[kind][start:stop], lw=0.7, color="tab:blue")
+        panel.plot(x, record.statistics[kind][start:stop], lw=0.7, color="tab:blue")
         panel.axhline(thresholds[kind], color="tab:red", lw=0.9, ls="--", label="threshold")
         panel.set_ylabel(kind, fontsize=8)
         panel.set_title(_TITLES[kind], fontsize=8, loc="left")

@@ -1,8 +1,8 @@
 """The calibrate and evaluate workflows: model and data in, manifest and report out.
 
 The thin layer between the CLI and the numeric core: it reads files, checks that the user's
-ranges make sense (one-line DataErrors), runs the forecaster once over the record and hands the
-residuals to the core.
+ranges make sense (one-line DataErrors), streams the record through the stream recurrence (as
+the live service would process it) and hands what the detectors saw to the core.
 """
 
 from __future__ import annotations
@@ -22,18 +22,15 @@ from app.monitoring.calibration import (
     calibrate_margins,
     calibrate_rate,
 )
-from app.monitoring.detectors import FloatArray
 from app.monitoring.evaluation import (
     RECOVERY,
-    monitor_record,
+    MonitoredRecord,
     normal_day_false_alarms,
-    record_inputs,
     score_faults,
-    warm_reference_gaps,
+    stream_record,
 )
-from app.monitoring.monitor import MonitorConfig
+from app.monitoring.monitor import MonitorConfig, PointConfig
 from app.monitoring.plots import plot_record
-from app.monitoring.residuals import one_step_residuals
 from app.series import VALUE_COLUMN, Series, read_csv
 from app.simulation.faults import Fault, load_schedule
 
@@ -122,16 +119,25 @@ def _check_holdout(loaded: LoadedModel, series: Series, text: str) -> tuple[int,
     return start, stop
 
 
-def _holdout(
-    path: Path,
-    series: Series,
-    residuals: FloatArray,
-    gaps: FloatArray | None,
-    start: int,
-    stop: int,
-) -> HoldOut:
+def _holdout(path: Path, series: Series, record: MonitoredRecord, start: int, stop: int) -> HoldOut:
     description = {"data": str(path), "data_sha256": series.sha256(), "start": start, "stop": stop}
-    return HoldOut(residuals[start:stop], None if gaps is None else gaps[start:stop], description)
+    return HoldOut(record.inputs, record.reference_gaps, start, stop, description)
+
+
+WATCH_ONLY = MonitorConfig(detectors=[PointConfig(threshold=1e300)])
+"""A monitor that never alarms: for streaming a record to see what the detectors would see."""
+
+
+def detector_inputs(loaded: LoadedModel, series: Series, sample_period_s: float) -> MonitoredRecord:
+    """The record streamed through the model, from its first sample: the residuals and gaps the
+    detectors of a live stream of it would see."""
+    return stream_record(
+        loaded.forecaster,
+        WATCH_ONLY,
+        series,
+        model_channels(loaded),
+        sample_period_s=sample_period_s,
+    )
 
 
 def calibrate(
@@ -143,7 +149,8 @@ def calibrate(
     sample_period_s: float | None = None,
     alarm: AlarmPolicy | None = None,
 ) -> MonitorConfig:
-    """Thresholds from the hold-out, written into the model's manifest as `thresholds`."""
+    """Thresholds from the hold-out, written into the model's manifest as `thresholds`: those
+    that the statistics of a live stream of the record give over the hold-out."""
     loaded = load_model(model)
     series = read_csv(data)
     start, stop = _check_holdout(loaded, series, holdout)
@@ -155,12 +162,9 @@ def calibrate(
         )
     settings = DetectorSettings(alarm=alarm or AlarmPolicy())
     period = sample_period(series, sample_period_s)
-    # Only the hold-out is forecast: on a file of several days that is most of the cost.
-    residuals = one_step_residuals(
-        loaded.forecaster, series.matrix(model_channels(loaded)), start=start, stop=stop
-    )
-    gaps = warm_reference_gaps(series, loaded.forecaster.window)
-    held = _holdout(data, series, residuals, gaps, start, stop)
+    # The record up to the hold-out's end: the stream reaches the hold-out warm, as it would.
+    record = detector_inputs(loaded, series.head(stop), period)
+    held = _holdout(data, series, record, start, stop)
     if false_alarms_per_day is None:
         config = calibrate_margins(held, settings)
     else:
@@ -219,11 +223,13 @@ def evaluate(
             )
         score_from = plot_from = max(unseen_from(loaded, series), loaded.forecaster.window)
     forecast_started = time.perf_counter()
-    residuals, gaps = record_inputs(loaded.forecaster, series, model_channels(loaded))
-    forecast_seconds = time.perf_counter() - forecast_started
     if holdout is not None:
-        config = calibrate_margins(_holdout(data, series, residuals, gaps, start, stop))
-    record = monitor_record(config, residuals, gaps)
+        inputs = detector_inputs(loaded, series, period)
+        config = calibrate_margins(_holdout(data, series, inputs, start, stop))
+    record = stream_record(
+        loaded.forecaster, config, series, model_channels(loaded), sample_period_s=period
+    )
+    forecast_seconds = time.perf_counter() - forecast_started
     report: dict[str, Any] = {
         "model": str(model),
         "data": str(data),
@@ -232,7 +238,7 @@ def evaluate(
         "detector_config": config.model_dump(mode="json", exclude={"calibration"}),
         "calibration": config.calibration,
         "sample_period_s": period,
-        "forecast_seconds": forecast_seconds,
+        "stream_seconds": forecast_seconds,
     }
     if plots is not None:
         path = plot_record(record, config, faults, plots / "monitor.png", start=plot_from)

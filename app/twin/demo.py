@@ -32,7 +32,7 @@ from rich.text import Text
 from app.errors import AppError
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.evaluation import DETECTION_MARGIN, RECOVERY, MonitoredRecord
-from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig, MonitorRun
+from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
 from app.monitoring.plots import plot_record
 from app.settings import Settings
 from app.simulation.faults import LAB_FAULTS, Fault
@@ -246,14 +246,6 @@ class Recorder:
 
     def monitored_record(self) -> MonitoredRecord:
         """The run as `plot_record` draws offline evaluations (samples before start are NaN)."""
-        exceeded = {kind: np.zeros(self.scenario.stop, dtype=bool) for kind in self.statistics}
-        run = MonitorRun(
-            first_sample=0,
-            statistics=self.statistics,
-            exceeded=exceeded,
-            opened=[],
-            closed=[],
-        )
         events = [
             AlarmEvent(
                 detector=s.detector,
@@ -265,7 +257,14 @@ class Recorder:
             )
             for s in self.alarm_spans()
         ]
-        return MonitoredRecord(self.residuals, None, run, events)
+        return MonitoredRecord(
+            residuals=self.residuals,
+            inputs=self.residuals,
+            reference_gaps=None,
+            statistics=self.statistics,
+            exceeded={kind: np.zeros(self.scenario.stop, dtype=bool) for kind in self.statistics},
+            events=events,
+        )
 
 
 # --- the service in a thread --------------------------------------------------------------------

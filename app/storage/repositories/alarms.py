@@ -1,9 +1,11 @@
-"""Alarm events: opened and closed by the engine, listed and acknowledged through the API."""
+"""Alarm rows: opened and closed as streams move, listed and acknowledged through the API."""
 
 from __future__ import annotations
 
 import base64
 import binascii
+import logging
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -11,7 +13,10 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from app.errors import DataError, NotFoundError
+from app.monitoring.alarms import AlarmEvent
 from app.storage.models import Alarm, AlarmState
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,70 @@ def close(
         alarm.peak = peak
     session.flush()
     return alarm
+
+
+def apply(
+    session: Session,
+    *,
+    stream_id: str,
+    opened: Sequence[AlarmEvent],
+    closed: Sequence[AlarmEvent],
+    peaks: Mapping[str, float],
+    time_of: Callable[[int], datetime],
+    model_name: str,
+    model_version: str,
+) -> tuple[list[Alarm], list[Alarm]]:
+    """A stream's alarm transitions, in sample order: rows opened and closed, and the peak of
+    every alarm still open (`peaks`, by detector) brought up to date. Returns the rows opened
+    and closed."""
+    actions = sorted(
+        [(event.start, 1, event) for event in opened]
+        + [(event.cleared_at or 0, 0, event) for event in closed],
+        key=lambda action: (action[0], action[1]),
+    )
+    rows: dict[str, Alarm] = {a.detector: a for a in list_open(session, stream_id=stream_id)}
+    opened_rows: list[Alarm] = []
+    closed_rows: list[Alarm] = []
+    for sample, is_opening, event in actions:
+        if is_opening:
+            if event.detector in rows:  # left open by an earlier configuration
+                earlier = rows.pop(event.detector)
+                closed_rows.append(
+                    close(session, earlier, closed_at=time_of(sample), closed_sample=sample)
+                )
+            row = create(
+                session,
+                stream_id=stream_id,
+                detector=event.detector,
+                opened_at=time_of(event.start),
+                opened_sample=event.start,
+                peak=event.peak,
+                threshold=event.threshold,
+                model_name=model_name,
+                model_version=model_version,
+            )
+            rows[event.detector] = row
+            opened_rows.append(row)
+            continue
+        still_open = rows.pop(event.detector, None)
+        if still_open is None:
+            log.warning("no open alarm row for %s/%s", stream_id, event.detector)
+            continue
+        closed_rows.append(
+            close(
+                session,
+                still_open,
+                closed_at=time_of(sample),
+                closed_sample=sample,
+                peak=event.peak,
+            )
+        )
+    for detector, peak in peaks.items():
+        held = rows.get(detector)
+        if held is not None and held.peak != peak:
+            held.peak = peak
+    session.flush()
+    return opened_rows, closed_rows
 
 
 def get(session: Session, alarm_id: int) -> Alarm | None:

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from app.forecasting.artifacts import load_model
 from app.main import create_app
-from app.monitoring.evaluation import monitor_record, record_inputs
+from app.monitoring.evaluation import stream_record
 from app.monitoring.monitor import MonitorConfig
 from app.schemas import ManyReadingsOut
 from app.series import Series
@@ -84,9 +84,9 @@ def offline(series: Series, model_dir: Path) -> tuple[np.ndarray, list[tuple[str
     piece = Series(
         t=series.t[START:STOP], columns={k: v[START:STOP] for k, v in series.columns.items()}
     )
-    residuals, gaps = record_inputs(loaded.forecaster, piece, ["value"])
-    record = monitor_record(MonitorConfig.from_manifest(loaded.manifest), residuals, gaps)
-    return residuals, sorted((e.detector, e.start, e.cleared_at) for e in record.events)
+    config = MonitorConfig.from_manifest(loaded.manifest)
+    record = stream_record(loaded.forecaster, config, piece, ["value"], sample_period_s=0.1)
+    return record.residuals, sorted((e.detector, e.start, e.cleared_at) for e in record.events)
 
 
 def test_streams_stepped_together_equal_the_offline_evaluation(

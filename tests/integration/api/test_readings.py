@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.forecasting.artifacts import load_model
 from app.main import create_app
-from app.monitoring.evaluation import monitor_record, record_inputs
+from app.monitoring.evaluation import stream_record
 from app.monitoring.monitor import MonitorConfig
 from app.schemas import ReadingsOut
 from app.series import Series
@@ -94,9 +94,9 @@ def offline(
     piece = Series(
         t=series.t[START:STOP], columns={k: v[START:STOP] for k, v in series.columns.items()}
     )
-    residuals, gaps = record_inputs(loaded.forecaster, piece, ["value"])
-    record = monitor_record(MonitorConfig.from_manifest(loaded.manifest), residuals, gaps)
-    return residuals, sorted((e.detector, e.start, e.cleared_at) for e in record.events)
+    config = MonitorConfig.from_manifest(loaded.manifest)
+    record = stream_record(loaded.forecaster, config, piece, ["value"], sample_period_s=0.1)
+    return record.residuals, sorted((e.detector, e.start, e.cleared_at) for e in record.events)
 
 
 def alarm_rows(client: TestClient) -> list[dict[str, Any]]:
@@ -121,7 +121,7 @@ def test_streaming_equals_the_offline_evaluation(
     results = stream_in_batches(client, series, size)
     expected_residuals, expected_events = offline(series, lab_models / "lstm-seed0")
     residuals = np.array([np.nan if r["residual"] is None else r["residual"] for r in results])
-    np.testing.assert_allclose(residuals, expected_residuals, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(residuals, expected_residuals)
     rows = alarm_rows(client)
     assert sorted((a["detector"], a["opened_sample"], a["closed_sample"]) for a in rows) == (
         expected_events

@@ -5,19 +5,23 @@ import pytest
 from pydantic import ValidationError
 
 from app.errors import DataError
-from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule
+from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule, RuleState
 
 
-def stepped(rule: AlarmRule, flags: list[bool | None]) -> tuple[list[AlarmEvent], list[AlarmEvent]]:
-    """Feed exceedance flags (None: no statistic) with statistic = sample index + 1."""
+def stepped(
+    rule: AlarmRule, flags: list[bool | None], state: RuleState | None = None
+) -> tuple[list[AlarmEvent], list[AlarmEvent]]:
+    """Feed exceedance flags one reading at a time (None: no statistic), with statistic =
+    sample index + 1."""
+    state = state or RuleState()
     opened: list[AlarmEvent] = []
     closed: list[AlarmEvent] = []
     for sample, flag in enumerate(flags):
         if flag is None:
             continue
-        o, c = rule.observe(sample, float(sample + 1), flag)
-        opened += [o] if o else []
-        closed += [c] if c else []
+        o, c = rule.observe(state, [sample], [float(sample + 1)], [0] if flag else [])
+        opened += o
+        closed += c
     return opened, closed
 
 
@@ -34,18 +38,18 @@ def test_persistence_opens_on_the_kth_exceedance_within_n() -> None:
     assert [e.start for e in opened] == [2]
 
 
-def test_clear_needs_exactly_m_quiet_samples() -> None:
+def test_clear_needs_exactly_m_quiet_readings() -> None:
     _, closed = stepped(rule(m=3), [True, False, False])
-    assert closed == []  # two quiet samples: still open
+    assert closed == []  # two quiet readings: still open
     _, closed = stepped(rule(m=3), [True, False, False, False])
     assert closed == [AlarmEvent("point", 0, 1, 1.0, 1.0, cleared_at=3)]
-    # An exceedance on the m-th sample keeps the same event going.
+    # An exceedance on the m-th reading keeps the same event going.
     opened, closed = stepped(rule(m=3), [True, False, False, True, False, False, False])
     assert len(opened) == 1
     assert closed == [AlarmEvent("point", 0, 4, 4.0, 1.0, cleared_at=6)]
 
 
-def test_samples_without_statistic_neither_clear_nor_fill_the_window() -> None:
+def test_readings_without_statistic_neither_clear_nor_fill_the_window() -> None:
     _, closed = stepped(rule(m=2), [True, None, None, False, None, False])
     assert closed == [AlarmEvent("point", 0, 1, 1.0, 1.0, cleared_at=5)]
     opened, _ = stepped(rule(k=2, n=2), [True, None, None, True])
@@ -54,11 +58,9 @@ def test_samples_without_statistic_neither_clear_nor_fill_the_window() -> None:
 
 def test_peak_is_the_most_extreme_statistic_in_the_alarming_direction() -> None:
     below = rule(direction="below", m=1)
-    below.observe(0, 0.5, True)
-    below.observe(1, 0.1, True)
-    below.observe(2, 0.3, True)
-    _, closed = below.observe(3, 2.0, False)
-    assert closed is not None and closed.peak == 0.1 and closed.end == 3
+    state = RuleState()
+    _, closed = below.observe(state, [0, 1, 2, 3], [0.5, 0.1, 0.3, 2.0], [0, 1, 2])
+    assert closed[0].peak == 0.1 and closed[0].end == 3
 
 
 def test_policy_validation() -> None:
@@ -66,41 +68,103 @@ def test_policy_validation() -> None:
         AlarmPolicy(k=3, n=2)
     with pytest.raises(ValidationError):
         AlarmPolicy(m=0)
+    with pytest.raises(ValidationError):
+        AlarmPolicy(n=1_000_000_000)
+
+
+class PlainRule:
+    """The rule written the plainest way, one reading at a time, counting every reading with a
+    statistic: what `AlarmRule` must match, however its readings are grouped."""
+
+    def __init__(self, k: int, n: int, m: int) -> None:
+        self.k, self.n, self.m = k, n, m
+        self.ordinal = 0
+        self.exceedances: list[int] = []
+        self.open: dict[str, float] | None = None
+        self.events: list[AlarmEvent] = []
+
+    def reading(self, sample: int, statistic: float, over: bool) -> None:
+        ordinal, self.ordinal = self.ordinal, self.ordinal + 1
+        if over:
+            self.exceedances.append(ordinal)
+            recent = [o for o in self.exceedances if o > ordinal - self.n]
+            if self.open is not None:
+                self.open.update(
+                    last=ordinal, last_sample=sample, peak=max(self.open["peak"], statistic)
+                )
+            elif len(recent) >= self.k:
+                self.open = {
+                    "start": sample,
+                    "peak": statistic,
+                    "last": ordinal,
+                    "last_sample": sample,
+                }
+        elif self.open is not None and ordinal - self.open["last"] >= self.m:
+            event = self.open
+            self.events.append(
+                AlarmEvent(
+                    "point",
+                    int(event["start"]),
+                    int(event["last_sample"]) + 1,
+                    event["peak"],
+                    1.0,
+                    sample,
+                )
+            )
+            self.open = None
 
 
 @pytest.mark.parametrize(("k", "n", "m"), [(1, 1, 1), (1, 1, 20), (2, 3, 5), (3, 10, 2)])
-def test_batch_equals_incremental(k: int, n: int, m: int) -> None:
+def test_any_grouping_of_readings_gives_the_plain_rules_events(k: int, n: int, m: int) -> None:
     rng = np.random.default_rng(k * 100 + n * 10 + m)
     count = 3000
-    statistics = rng.exponential(size=count)
-    flags = statistics > rng.choice([1.0, 2.5, 4.0])
-    samples = np.sort(rng.choice(np.arange(2 * count), size=count, replace=False))
-    one, other = rule(k, n, m), rule(k, n, m)
-    opened, closed = [], []
-    for s, x, f in zip(samples.tolist(), statistics.tolist(), flags.tolist(), strict=True):
-        o, c = one.observe(s, x, f)
-        opened += [o] if o else []
-        closed += [c] if c else []
-    cut = count // 3
-    o1, c1 = other.run(samples[:cut], statistics[:cut], flags[:cut])
-    o2, c2 = other.run(samples[cut:], statistics[cut:], flags[cut:])
-    assert [*o1, *o2] == opened
-    assert [*c1, *c2] == closed
-    assert one.state_dict() == other.state_dict()
-    assert one.current() == other.current()
+    statistics = rng.exponential(size=count).tolist()
+    limit = float(rng.choice([1.0, 2.5, 4.0]))
+    samples = np.sort(rng.choice(np.arange(2 * count), size=count, replace=False)).tolist()
+    plain = PlainRule(k, n, m)
+    for sample, statistic in zip(samples, statistics, strict=True):
+        plain.reading(sample, statistic, statistic > limit)
+
+    states = []
+    for sizes in ([count], [1] * count, rng.integers(1, 200, size=count).tolist()):
+        tested, state, closed = rule(k, n, m), RuleState(), []
+        start = 0
+        for size in sizes:
+            part = slice(start, min(count, start + size))
+            chunk = statistics[part]
+            _, ended = tested.observe(
+                state, samples[part], chunk, [i for i, x in enumerate(chunk) if x > limit]
+            )
+            closed += ended
+            start = part.stop
+            if start >= count:
+                break
+        assert closed == plain.events
+        assert (tested.current(state) is None) == (plain.open is None)
+        states.append(state.to_json())
+    assert states[0] == states[1] == states[2]  # the same state, however grouped
+
+
+def test_an_idle_rule_forgets_its_count() -> None:
+    state = RuleState()
+    stepped(rule(m=2), [True, False, False], state)
+    assert state.idle and state.to_json() == RuleState().to_json()
+    stepped(rule(m=2), [False] * 50, state)  # quiet readings of an idle rule change nothing
+    assert state.to_json() == RuleState().to_json()
 
 
 def test_state_round_trip_mid_event() -> None:
     flags = [True, False, True, False, False, False, True]
-    original = rule(k=2, n=3, m=3)
-    stepped(original, flags[:3])
-    restored = rule(k=2, n=3, m=3)
-    restored.load_state_dict(original.state_dict())
+    policy = AlarmPolicy(k=2, n=3, m=3)
+    original = RuleState()
+    stepped(rule(k=2, n=3, m=3), flags[:3], original)
+    restored = RuleState.from_json(original.to_json(), policy, "point")
     for sample in range(3, len(flags)):
-        assert original.observe(sample, 1.0, flags[sample]) == restored.observe(
-            sample, 1.0, flags[sample]
-        )
+        flag = [0] if flags[sample] else []
+        assert rule(k=2, n=3, m=3).observe(original, [sample], [1.0], flag) == rule(
+            k=2, n=3, m=3
+        ).observe(restored, [sample], [1.0], flag)
     with pytest.raises(DataError):
-        restored.load_state_dict({"seen": 1, "recent": [5], "open": None})
+        RuleState.from_json({"seen": 1, "recent": [5], "open": None}, policy, "point")
     with pytest.raises(DataError):
-        restored.load_state_dict({"seen": 1})
+        RuleState.from_json({"seen": 1}, policy, "point")

@@ -1,0 +1,372 @@
+"""Ingest: a request's readings checked, run through their streams' recurrence and stored with the
+alarms they open or close, in the caller's transaction.
+
+All or nothing: the readings, the alarm rows and any due checkpoint are written in the session
+the caller commits; only if it commits do the streams' new states count (see `LiveStreams`).
+A re-sent reading (same time, same values) is recognised and not processed twice, so a client
+can always re-send a batch it has no answer for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from app.errors import ConflictError, DataError
+from app.metrics import Metrics
+from app.monitoring.alarms import AlarmEvent
+from app.storage.models import Alarm
+from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import readings as reading_repo
+from app.streams.live import LiveStream, LiveStreams
+from app.streams.recurrence import Readings, Recurrence, StreamResult
+
+VALUE = None
+"""The column of readings sent as a single `value`: channel 0 of a one-channel stream."""
+
+
+@dataclass(frozen=True)
+class NewReadings:
+    """A request's readings of one or more streams, stream after stream, as plain arrays.
+
+    `values` has a column per name in `columns` (`VALUE` for readings sent as a single value),
+    NaN where a reading has no number; `references` is None when no reading carries one."""
+
+    streams: list[str]
+    counts: np.ndarray  # (N,) readings per stream
+    times: np.ndarray  # (R,) int64 microseconds since the epoch
+    values: np.ndarray  # (R, K)
+    columns: tuple[str | None, ...]
+    references: np.ndarray | None  # (R,), NaN where a reading has none
+
+
+@dataclass
+class IngestOutcome:
+    """What one stream's part of a request did."""
+
+    stream_id: str
+    times: np.ndarray  # the accepted readings' times (microseconds)
+    duplicates: int
+    result: StreamResult | None  # None when every reading was a re-send
+    opened: list[Alarm]
+    closed: list[Alarm]
+
+    @property
+    def accepted(self) -> int:
+        return len(self.times)
+
+
+@dataclass
+class _Part:
+    """One stream's readings of the request, checked."""
+
+    live: LiveStream
+    first: int  # where its readings start in the request's arrays
+    resent: int  # how many of them are re-sends
+    stop: int
+    values: np.ndarray  # (readings, C) in the stream's channel order
+    references: np.ndarray | None
+
+
+def ingest(
+    session: Session,
+    streams: LiveStreams,
+    metrics: Metrics,
+    new: NewReadings,
+    *,
+    max_future_s: float,
+) -> list[IngestOutcome]:
+    """Check, process and store the readings in `session`; NotFoundError for an unknown stream,
+    DataError (422) for bad readings, ConflictError (409) for readings older than a stream's
+    last one or changing an accepted one: nothing changes then."""
+    ids = new.streams
+    if len(set(ids)) != len(ids):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise DataError(
+            f"stream(s) {', '.join(twice)} appear more than once: send each stream's readings "
+            "as one batch",
+            reason="invalid",
+        )
+    lives = streams.hold(session, ids)
+    parts = _check(session, lives, new, max_future_s)
+    touched = [part.live.stream_id for part in parts if part.stop > part.first + part.resent]
+
+    def drop_touched() -> None:  # restored from what was committed on their next touch
+        for stream_id in touched:
+            streams.forget(stream_id)
+
+    streams.on_end(session, rollback=drop_touched)
+    results = _advance(parts, new)
+    outcomes = _store(session, streams, parts, results, new)
+    streams.on_end(session, commit=lambda: _committed(streams, metrics, parts, outcomes))
+    return outcomes
+
+
+def _check(
+    session: Session, lives: list[LiveStream], new: NewReadings, max_future_s: float
+) -> list[_Part]:
+    """Each stream's readings checked, in the stream's channel order; the first problem is
+    raised (naming the stream when the request has several)."""
+    offsets = np.concatenate(([0], np.cumsum(new.counts)))
+    many = len(lives) > 1
+    latest = reading_repo.micro(datetime.now(UTC)) + int(max_future_s * 1e6)
+    late = np.flatnonzero(new.times > latest)
+    # Times increase within each stream: a step back is a problem unless it starts a stream.
+    backwards = np.flatnonzero(np.diff(new.times) <= 0) + 1
+    backwards = backwards[~np.isin(backwards, offsets)]
+    parts = []
+    for index, live in enumerate(lives):
+        first, stop = int(offsets[index]), int(offsets[index + 1])
+        where = f"stream {live.stream_id!r}: " if many else ""
+        try:
+            parts.append(
+                _check_stream(session, live, new, first, stop, backwards, late, max_future_s)
+            )
+        except (DataError, ConflictError) as exc:
+            if many:
+                exc.detail = where + exc.detail
+                exc.args = (exc.detail,)
+                exc.extra.setdefault("stream", live.stream_id)
+            raise
+    return parts
+
+
+def _check_stream(
+    session: Session,
+    live: LiveStream,
+    new: NewReadings,
+    first: int,
+    stop: int,
+    backwards: np.ndarray,
+    late: np.ndarray,
+    max_future_s: float,
+) -> _Part:
+    times = new.times
+
+    def at(position: int) -> str:
+        return reading_repo.datetime_at(int(times[position])).isoformat()
+
+    for position in backwards[(backwards >= first) & (backwards < stop)][:1].tolist():
+        raise DataError(
+            f"readings[{position - first}].t ({at(position)}) is not after "
+            f"readings[{position - first - 1}].t: send readings in increasing time order",
+            reason="invalid",
+        )
+    values = _channels(live, new, first, stop)
+    for position in late[(late >= first) & (late < stop)][-1:].tolist():
+        raise DataError(
+            f"readings[{position - first}].t ({at(position)}) is more than {max_future_s:g} s "
+            "ahead of the server clock: check the time stamps (seconds, not milliseconds, "
+            "since the epoch?)",
+            reason="invalid",
+        )
+    references = None
+    if new.references is not None:
+        references = new.references[first:stop]
+        if not live.has_reference and not np.isnan(references).all():
+            raise DataError(
+                f"stream {live.stream_id!r} is not configured with has_reference; "
+                "drop 'reference' or reconfigure the stream",
+                reason="invalid",
+            )
+    if live.has_reference and references is None:
+        references = np.full(stop - first, np.nan)
+    if not live.has_reference:
+        references = None
+    last = live.state.last_time
+    resent = 0 if last is None else int(np.searchsorted(times[first:stop], last, side="right"))
+    if resent:
+        _check_resent(session, live, times[first : first + resent], values, references)
+    return _Part(live, first, resent, stop, values, references)
+
+
+def _channels(live: LiveStream, new: NewReadings, first: int, stop: int) -> np.ndarray:
+    """The readings' numbers in the stream's channel order, (readings, C)."""
+    channels = live.channels
+    out = np.full((stop - first, len(channels)), np.nan)
+    for column, name in enumerate(new.columns):
+        given = new.values[first:stop, column]
+        if name is VALUE:
+            if len(channels) > 1 and not np.isnan(given).all():
+                index = int(np.flatnonzero(~np.isnan(given))[0])
+                raise DataError(
+                    f"readings[{index}]: a stream of {len(channels)} channels takes 'values': "
+                    f"{{{', '.join(repr(c) for c in channels)}: number}}",
+                    reason="invalid",
+                )
+            target = 0
+        elif name in channels:
+            target = channels.index(name)
+        else:
+            if np.isnan(given).all():
+                continue  # named by another stream of the request
+            index = int(np.flatnonzero(~np.isnan(given))[0])
+            raise DataError(
+                f"readings[{index}].values names unknown channel(s) {name}; the stream has "
+                f"{', '.join(channels)}",
+                reason="invalid",
+            )
+        out[:, target] = np.where(np.isnan(given), out[:, target], given)
+    return out
+
+
+def _check_resent(
+    session: Session,
+    live: LiveStream,
+    times: np.ndarray,
+    values: np.ndarray,
+    references: np.ndarray | None,
+) -> None:
+    """Readings at or before the stream's last accepted time must be exact re-sends."""
+    moments = [reading_repo.datetime_at(t) for t in times.tolist()]
+    stored = reading_repo.existing_at(session, stream_id=live.stream_id, times=moments)
+    last = reading_repo.datetime_at(live.state.last_time or 0).isoformat()
+    for index, moment in enumerate(moments):
+        previous = stored.get(moment)
+        if previous is None:
+            raise ConflictError(
+                f"readings[{index}].t ({moment.isoformat()}) is older than the stream's last "
+                f"accepted reading ({last})",
+                reason="conflict",
+            )
+        reference = None if references is None else float(references[index])
+        same_reference = (
+            previous.reference is None and (reference is None or reference != reference)
+        ) or (previous.reference == reference)
+        if not np.array_equal(previous.values, values[index], equal_nan=True) or not same_reference:
+            raise ConflictError(
+                f"readings[{index}] at {moment.isoformat()} was accepted before with another "
+                "value; accepted readings cannot change",
+                reason="conflict",
+            )
+
+
+def _advance(parts: list[_Part], new: NewReadings) -> list[StreamResult | None]:
+    """Every stream's new readings through its recurrence: one block per recurrence."""
+    groups: dict[int, tuple[Recurrence, list[int]]] = {}
+    for index, part in enumerate(parts):
+        if part.stop > part.first + part.resent:
+            recurrence = part.live.recurrence
+            groups.setdefault(id(recurrence), (recurrence, []))[1].append(index)
+    results: list[StreamResult | None] = [None] * len(parts)
+    for recurrence, members in groups.values():
+        chosen = [parts[i] for i in members]
+        with_reference = any(part.references is not None for part in chosen)
+        readings = Readings(
+            np.array([part.stop - part.first - part.resent for part in chosen]),
+            np.concatenate([new.times[part.first + part.resent : part.stop] for part in chosen]),
+            np.concatenate([part.values[part.resent :] for part in chosen]),
+            np.concatenate(
+                [
+                    part.references[part.resent :]
+                    if part.references is not None
+                    else np.full(part.stop - part.first - part.resent, np.nan)
+                    for part in chosen
+                ]
+            )
+            if with_reference
+            else None,
+        )
+        block = recurrence.advance(
+            [part.live.state for part in chosen],
+            readings,
+            [part.live.sample_period_s for part in chosen],
+        )
+        for position, index in enumerate(members):
+            results[index] = block.stream(position)
+    return results
+
+
+def _store(
+    session: Session,
+    streams: LiveStreams,
+    parts: list[_Part],
+    results: list[StreamResult | None],
+    new: NewReadings,
+) -> list[IngestOutcome]:
+    """The readings, the alarm changes and the due checkpoints of the advanced streams."""
+    stored = [
+        reading_repo.NewBatch(
+            part.live.stream_id,
+            result.first_sample,
+            new.times[part.first + part.resent : part.stop],
+            part.values[part.resent :],
+            None if part.references is None else part.references[part.resent :],
+        )
+        for part, result in zip(parts, results, strict=True)
+        if result is not None
+    ]
+    if reading_repo.insert_batches(session, stored) != len(stored):
+        raise ConflictError(
+            "a stream received readings from another request meanwhile; re-send the batch",
+            reason="conflict",
+        )
+    outcomes = []
+    for part, result in zip(parts, results, strict=True):
+        times = new.times[part.first + part.resent : part.stop]
+        opened: list[Alarm] = []
+        closed: list[Alarm] = []
+        if result is not None:
+            live = part.live
+            open_events = live.recurrence.monitor.open_events(live.state.monitor)
+            peaks = {event.detector: event.peak for event in open_events}
+            if result.opened or result.closed or peaks != live.open_peaks:
+                opened, closed = alarm_repo.apply(
+                    session,
+                    stream_id=live.stream_id,
+                    opened=result.opened,
+                    closed=result.closed,
+                    peaks=peaks,
+                    time_of=_times(session, live, result, times),
+                    model_name=live.model.name,
+                    model_version=live.model.version,
+                )
+            if live.state.samples >= live.checkpoint_due:
+                streams.checkpoint(session, live, force=True)
+        outcomes.append(
+            IngestOutcome(part.live.stream_id, times, part.resent, result, opened, closed)
+        )
+    return outcomes
+
+
+def _times(
+    session: Session, live: LiveStream, result: StreamResult, times: np.ndarray
+) -> Callable[[int], datetime]:
+    """When each sample an event names was read (from this batch, else from the database)."""
+
+    def time_of(sample: int) -> datetime:
+        if sample >= result.first_sample:
+            return reading_repo.datetime_at(int(times[sample - result.first_sample]))
+        stored = reading_repo.time_of(session, stream_id=live.stream_id, sample=sample)
+        if stored is None:
+            raise DataError(f"no stored reading for sample {sample}")
+        return stored
+
+    return time_of
+
+
+def _committed(
+    streams: LiveStreams, metrics: Metrics, parts: list[_Part], outcomes: list[IngestOutcome]
+) -> None:
+    """Once committed: the streams' next checkpoints are due later, and metrics move."""
+    for part, outcome in zip(parts, outcomes, strict=True):
+        live = part.live
+        if outcome.result is None:
+            continue
+        if live.state.samples >= live.checkpoint_due:
+            live.checkpoint_due = live.state.samples + streams.checkpoint_every
+        open_events: list[AlarmEvent] = live.recurrence.monitor.open_events(live.state.monitor)
+        live.open_peaks = {event.detector: event.peak for event in open_events}
+        _, residual, statistics = live.recurrence.latest(live.state)
+        metrics.publish(
+            live.stream_id,
+            readings=outcome.accepted,
+            residual=residual,
+            statistics=statistics,
+            active={event.detector for event in open_events},
+            opened=[alarm.detector for alarm in outcome.opened],
+        )

@@ -1,0 +1,410 @@
+"""The live streams: each stream's state in memory, restored from the database when first touched.
+
+The database holds every accepted reading and, every `checkpoint_every` readings, a checkpoint
+of the stream's state. A stream that is not in memory (after a start, a failed transaction or
+a reconfiguration) is restored from its checkpoint and the readings stored after it, run through
+the same recurrence: since the recurrence gives the same result however readings are grouped,
+the restored state is exactly the one the stream had.
+
+One request at a time works on a stream: `hold` takes the streams' locks (in a fixed order, so
+two requests never deadlock) and keeps them until the caller's transaction ends. If it rolls
+back, the streams it moved are dropped from memory and restored from what was committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import event
+from sqlalchemy.orm import Session, SessionTransaction
+
+from app.errors import ArtifactError, DataError
+from app.monitoring.alarms import AlarmPolicy
+from app.monitoring.monitor import MonitorConfig
+from app.registry import ModelRegistry, RegisteredModel
+from app.storage.db import Database
+from app.storage.models import Stream
+from app.storage.repositories import checkpoints as checkpoint_repo
+from app.storage.repositories import readings as reading_repo
+from app.storage.repositories import streams as stream_repo
+from app.streams.recurrence import (
+    DEFAULT_MAX_GAP,
+    STATE_VERSION,
+    Readings,
+    Recurrence,
+    StreamState,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHECKPOINT_EVERY = 1000
+"""Readings between two checkpoints of a stream: what a restart replays at most."""
+
+
+def monitor_config(model: RegisteredModel, overrides: dict[str, Any]) -> MonitorConfig:
+    """The model's calibrated detectors with a stream's overrides applied."""
+    if not model.thresholds:
+        raise ArtifactError(
+            f"model {model.name!r} has no detector thresholds: run `twinwatch calibrate` on it"
+        )
+    base = MonitorConfig.from_manifest(model.manifest)
+    detectors = []
+    for detector in base.detectors:
+        override = overrides.get(detector.kind, {})
+        if not override.get("enabled", True):
+            continue
+        update: dict[str, Any] = {}
+        if override.get("threshold") is not None:
+            update["threshold"] = float(override["threshold"])
+        if override.get("policy") is not None:
+            update["alarm"] = AlarmPolicy.model_validate(override["policy"])
+        detectors.append(detector.model_copy(update=update))
+    if not detectors:
+        raise DataError("every detector is disabled: the stream would never alarm")
+    return base.model_copy(update={"detectors": detectors})
+
+
+@dataclass
+class LiveStream:
+    """A stream as it is held between requests."""
+
+    stream_id: str
+    model: RegisteredModel
+    channels: list[str]
+    has_reference: bool
+    sample_period_s: float
+    recurrence: Recurrence
+    state: StreamState
+    checkpoint_due: int  # write the next checkpoint once the stream has seen this many readings
+    # The peak of each alarm open after the last request, as its row holds it: a request that
+    # moves none touches no alarm row.
+    open_peaks: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class _Slot:
+    """A known stream's lock, and its live state once restored."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    live: LiveStream | None = None
+
+
+class LiveStreams:
+    """Every known stream's live state and lock. Nothing is allocated for a stream id before
+    the database says the stream exists; `forget` frees what a deleted stream held."""
+
+    def __init__(
+        self,
+        database: Database,
+        registry: ModelRegistry,
+        *,
+        max_gap: int = DEFAULT_MAX_GAP,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+    ) -> None:
+        if checkpoint_every < 1:
+            raise ValueError("checkpoint_every must be at least 1")
+        self.database = database
+        self.registry = registry
+        self.max_gap = max_gap
+        self.checkpoint_every = checkpoint_every
+        self._slots: dict[str, _Slot] = {}
+        self._guard = threading.Lock()
+        self._recurrences: dict[tuple[str, str, str], Recurrence] = {}
+
+    def recurrence_for(self, model: RegisteredModel, overrides: dict[str, Any]) -> Recurrence:
+        """One recurrence per model and detector overrides, shared by every stream configured
+        alike. Raises a DataError or ArtifactError if the configuration cannot monitor."""
+        key = (model.name, model.version, json.dumps(overrides, sort_keys=True))
+        with self._guard:
+            recurrence = self._recurrences.get(key)
+        if recurrence is None:
+            recurrence = Recurrence(
+                model.forecaster, monitor_config(model, overrides), max_gap=self.max_gap
+            )
+            with self._guard:
+                recurrence = self._recurrences.setdefault(key, recurrence)
+        return recurrence
+
+    # -- holding streams --
+
+    def hold(self, session: Session, stream_ids: Sequence[str]) -> list[LiveStream]:
+        """The streams' live states, restored on first touch, held by `session` until its
+        transaction ends: no other request touches them meanwhile, and a stream restored here is
+        remembered only if the transaction commits. NotFoundError for an unknown stream."""
+        pending = _pending(session)
+        wanted = sorted(set(stream_ids) - set(pending.held))
+        while True:
+            slots = self._slots_of(session, wanted)
+            for stream_id in wanted:
+                slots[stream_id].lock.acquire()
+            with self._guard:
+                stale = [i for i in wanted if self._slots.get(i) is not slots[i]]
+            if not stale:
+                break
+            for stream_id in wanted:  # a stream was deleted meanwhile: look again
+                slots[stream_id].lock.release()
+        pending.held.update(slots)
+        lives = []
+        for stream_id in stream_ids:
+            slot = pending.held[stream_id]
+            live = slot.live or pending.restored.get(stream_id)
+            if live is None:
+                live = pending.restored[stream_id] = self._restore(session, stream_id)
+            lives.append(live)
+        return lives
+
+    def on_end(
+        self,
+        session: Session,
+        *,
+        commit: Callable[[], None] | None = None,
+        rollback: Callable[[], None] | None = None,
+    ) -> None:
+        """Run `commit` once `session`'s transaction has committed, `rollback` if it did not,
+        before the streams it holds are released."""
+        pending = _pending(session)
+        if commit is not None:
+            pending.on_commit.append(commit)
+        if rollback is not None:
+            pending.on_rollback.append(rollback)
+
+    def _slots_of(self, session: Session, stream_ids: Sequence[str]) -> dict[str, _Slot]:
+        with self._guard:
+            known = {i: self._slots[i] for i in stream_ids if i in self._slots}
+        missing = [i for i in stream_ids if i not in known]
+        if missing:
+            stream_repo.require_many(session, missing)  # NotFoundError before allocating
+            with self._guard:
+                for stream_id in missing:
+                    known[stream_id] = self._slots.setdefault(stream_id, _Slot())
+        return known
+
+    def _restore(self, session: Session, stream_id: str) -> LiveStream:
+        """The stream's state from its checkpoint and the readings stored after it."""
+        stream = stream_repo.require(session, stream_id)
+        model = self.registry.require(stream.model_name)
+        recurrence = self.recurrence_for(model, stream.detector_overrides)
+        checkpoint = checkpoint_repo.get(session, stream.id)
+        if checkpoint is None:
+            state = recurrence.new_state()
+            due = 1 + zlib.crc32(stream.id.encode()) % self.checkpoint_every  # staggered
+        else:
+            if checkpoint.state_version != STATE_VERSION:
+                raise DataError(f"stream {stream.id!r} has a checkpoint of another version")
+            saved = json.loads(checkpoint.state)
+            last_time = None if checkpoint.last_t is None else reading_repo.micro(checkpoint.last_t)
+            try:
+                state = recurrence.restore(saved, last_time)
+            except DataError:
+                # The detectors were reconfigured since: they start afresh from this reading.
+                state = recurrence.restore(saved, last_time, fresh_monitor=True)
+            due = state.samples + self.checkpoint_every
+        stored = reading_repo.batches_from(session, stream_id=stream.id, first_sample=state.samples)
+        if stored:
+            expected = state.samples
+            for batch in stored:
+                if batch.first_sample != expected:
+                    raise DataError(
+                        f"stream {stream.id!r}: readings from sample {expected} are missing"
+                    )
+                expected = batch.stop
+            references = (
+                np.concatenate([_references(batch) for batch in stored])
+                if stream.has_reference
+                else None
+            )
+            readings = Readings(
+                np.array([expected - state.samples]),
+                np.concatenate([batch.micros for batch in stored]),
+                np.concatenate([batch.values for batch in stored]),
+                references,
+            )
+            recurrence.advance([state], readings, [stream.sample_period_s])
+        return LiveStream(
+            stream_id=stream.id,
+            model=model,
+            channels=list(stream.channels),
+            has_reference=stream.has_reference,
+            sample_period_s=stream.sample_period_s,
+            recurrence=recurrence,
+            state=state,
+            checkpoint_due=due,
+            open_peaks={e.detector: e.peak for e in recurrence.monitor.open_events(state.monitor)},
+        )
+
+    # -- what changes a stream --
+
+    def forget(self, stream_id: str) -> None:
+        """Drop the stream's live state: it is restored from the database on its next touch."""
+        with self._guard:
+            slot = self._slots.get(stream_id)
+        if slot is not None:
+            slot.live = None
+
+    def delete(self, session: Session, stream_id: str) -> None:
+        """Hold the stream while `session` deletes it; once committed, free what it held."""
+        self.hold(session, [stream_id])
+
+        def drop() -> None:
+            with self._guard:
+                self._slots.pop(stream_id, None)
+
+        self.on_end(session, commit=drop)
+
+    def reconfigure(self, session: Session, stream_id: str) -> None:
+        """Call before a stream's configuration changes in `session`: its state is checkpointed
+        there (so nothing is ever replayed under a configuration its readings were not processed
+        with) and restored under the new configuration on its next touch."""
+        live = self.hold(session, [stream_id])[0]
+        if live.state.samples:
+            self.checkpoint(session, live, force=False)
+        pending = _pending(session)
+        pending.restored.pop(stream_id, None)
+        pending.held[stream_id].live = None
+
+    def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
+        """Write the stream's state (and its row's reading count), unless `force` is False and
+        it is saved already. Call it holding the stream."""
+        state = live.state
+        if not force:
+            saved = checkpoint_repo.get(session, live.stream_id)
+            if saved is not None and saved.sample_count == state.samples:
+                return False
+        last_t = None if state.last_time is None else reading_repo.datetime_at(state.last_time)
+        checkpoint_repo.save(
+            session,
+            stream_id=live.stream_id,
+            sample_count=state.samples,
+            last_t=last_t,
+            state=state.to_bytes(live.recurrence.monitor),
+            state_version=STATE_VERSION,
+            now=datetime.now(UTC),
+        )
+        stream_repo.advance(session, live.stream_id, sample_count=state.samples, last_t=last_t)
+        return True
+
+    def checkpoint_all(self) -> int:
+        """Checkpoint every live stream that moved since its last checkpoint (at shutdown: the
+        next start replays nothing). Returns how many were written."""
+        with self._guard:
+            ids = [stream_id for stream_id, slot in self._slots.items() if slot.live is not None]
+        written = 0
+        for stream_id in ids:
+            with self.database.session() as session:
+                slot = self._slots.get(stream_id)
+                if slot is None or slot.live is None:
+                    continue
+                live = self.hold(session, [stream_id])[0]
+                written += self.checkpoint(session, live, force=False)
+                live.checkpoint_due = live.state.samples + self.checkpoint_every
+        return written
+
+    def restore_all(self) -> list[tuple[str, str]]:
+        """Restore every stream (at start-up, so every stream's metric series exist from the
+        first scrape). Returns the streams that cannot be restored, with why."""
+        problems = []
+        with self.database.session() as session:
+            ids = [stream.id for stream in stream_repo.list_all(session)]
+        for stream_id in ids:
+            try:
+                with self.database.session() as session:
+                    self.hold(session, [stream_id])
+            except (DataError, ArtifactError) as exc:
+                problems.append((stream_id, exc.detail))
+        return problems
+
+    # -- reads --
+
+    def read(self, session: Session, stream: Stream) -> LiveStream:
+        """The stream's live state for a read: held until `session` ends."""
+        return self.hold(session, [stream.id])[0]
+
+    def position(self, stream_id: str) -> tuple[int, int | None] | None:
+        """(readings seen, last time) of a stream in memory; None if it is not."""
+        with self._guard:
+            slot = self._slots.get(stream_id)
+        live = None if slot is None else slot.live
+        if live is None:
+            return None
+        return live.state.samples, live.state.last_time
+
+    def __len__(self) -> int:
+        """Streams known here (held, or with a live state)."""
+        with self._guard:
+            return len(self._slots)
+
+    def live_streams(self) -> list[LiveStream]:
+        with self._guard:
+            return [slot.live for slot in self._slots.values() if slot.live is not None]
+
+
+def _references(batch: reading_repo.StoredBatch) -> np.ndarray:
+    if batch.references is None:
+        return np.full(len(batch.micros), np.nan)
+    return batch.references
+
+
+@dataclass
+class _Pending:
+    """What a session holds until its transaction ends: streams (their slots, locked), the
+    streams it restored (remembered if it commits) and callbacks."""
+
+    held: dict[str, _Slot] = field(default_factory=dict)
+    restored: dict[str, LiveStream] = field(default_factory=dict)
+    on_commit: list[Callable[[], None]] = field(default_factory=list)
+    on_rollback: list[Callable[[], None]] = field(default_factory=list)
+    committed: bool = False
+
+    def end(self) -> None:
+        if self.committed:
+            for stream_id, live in self.restored.items():
+                self.held[stream_id].live = live
+        callbacks = self.on_commit if self.committed else self.on_rollback
+        try:
+            for callback in callbacks:
+                try:
+                    callback()
+                except Exception:
+                    log.exception("a callback at the end of a transaction failed")
+        finally:
+            for slot in reversed(self.held.values()):
+                slot.lock.release()
+            self.held.clear()
+
+
+_PENDING = "twinwatch.pending"
+_LISTENING = "twinwatch.listening"
+
+
+def _pending(session: Session) -> _Pending:
+    pending = session.info.get(_PENDING)
+    if isinstance(pending, _Pending):
+        return pending
+    pending = session.info[_PENDING] = _Pending()
+    if not session.info.get(_LISTENING):
+        session.info[_LISTENING] = True
+        event.listen(session, "after_commit", _committed)
+        event.listen(session, "after_transaction_end", _ended)
+    return pending
+
+
+def _committed(session: Session) -> None:
+    pending = session.info.get(_PENDING)
+    if isinstance(pending, _Pending):
+        pending.committed = True
+
+
+def _ended(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is not None:
+        return  # a nested transaction
+    pending = session.info.pop(_PENDING, None)
+    if isinstance(pending, _Pending):
+        pending.end()

@@ -1,0 +1,586 @@
+"""The stream recurrence: state_t = step(state_{t-1}, reading_t), for a block of readings of
+many streams of one model at once.
+
+For each reading: forecast it from what the stream has seen, compute the residual (reading minus
+forecast), run the detectors and alarm rules on it, and remember the reading. Everything that
+computes a residual or an alarm runs this one function: a gateway's tick (many streams, one
+reading each), one stream's batch, the replay after a crash, `twinwatch calibrate`,
+`twinwatch evaluate monitor` and the demo. A stream gets the same forecasts, residuals,
+statistics, alarms and state bit for bit however its readings were grouped into blocks and
+whichever other streams shared them (the forecasters and detectors are written so, and the tests
+check it), so a replay after a crash is exact.
+
+Missing readings and gaps follow one rule:
+
+- A null reading (any channel missing) is imputed with its own forecast (other missing channels
+  with their last reading), so the stream's history stays complete; it has no residual.
+- A null while the stream is still warming up, more than `max_gap` nulls in a row, or a pause of
+  more than `max_gap` sample periods since the previous reading restart the warm-up: no
+  forecast is made from fabricated or stale data.
+- The detectors see nothing until the stream is warm (`window` readings since its run
+  started), and no residual of a reading whose window holds an imputed one: a gap never causes
+  an alarm storm, and the monitor's input never depends on a guess.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic_core import to_json
+
+from app.errors import DataError
+from app.forecasting.base import Forecaster
+from app.monitoring.alarms import AlarmEvent
+from app.monitoring.monitor import Monitor, MonitorConfig, MonitorState
+
+STATE_VERSION = 2
+DEFAULT_MAX_GAP = 10
+"""Nulls in a row, and sample periods of silence, after which a stream warms up again."""
+
+FloatArray = np.ndarray
+
+
+@dataclass
+class StreamState:
+    """Everything one stream carries from one reading to the next; its size never grows."""
+
+    samples: int  # readings seen: the sample index of the next one
+    last_time: int | None  # the last reading's time, microseconds since the epoch
+    run: int  # readings since the stream (re)started warming up, counted up to the window
+    since_imputed: int  # readings since the last imputed one, counted up to the window
+    missing_run: int  # null readings in a row just seen
+    history: FloatArray  # (context, C) the latest readings (imputed ones included); NaN: none
+    carry: FloatArray  # (carry_size,) float32: what the forecaster keeps between readings
+    pending: FloatArray  # (horizon,) the forecast made after the last reading; NaN: none
+    monitor: MonitorState
+    latest: FloatArray  # (2 + detectors,) the last forecast, residual and statistics; NaN: none
+
+    def to_bytes(self, monitor: Monitor) -> bytes:
+        """The checkpoint: exact JSON (floats round-trip), written by pydantic-core. The last
+        reading's time is stored beside it (`Recurrence.restore` takes it back)."""
+        return to_json(
+            {
+                "version": STATE_VERSION,
+                "samples": self.samples,
+                "run": self.run,
+                "since_imputed": self.since_imputed,
+                "missing_run": self.missing_run,
+                "history": _json_numbers(self.history),
+                "carry": self.carry.astype(np.float64).tolist(),
+                "pending": _json_numbers(self.pending),
+                "monitor": monitor.state_to_json(self.monitor),
+                "latest": _json_numbers(self.latest),
+            }
+        )
+
+
+def _json_numbers(array: FloatArray) -> list[Any]:
+    return [None if math.isnan(x) else x for x in array.ravel().tolist()]
+
+
+def _array(raw: Any, shape: tuple[int, ...], what: str) -> FloatArray:
+    try:
+        values = [math.nan if x is None else float(x) for x in raw]
+        array = np.array(values, dtype=np.float64).reshape(shape)
+    except (TypeError, ValueError):
+        raise DataError(f"stream state: {what} must be {shape} numbers") from None
+    if np.isinf(array).any():
+        raise DataError(f"stream state: {what} must be finite")
+    return array
+
+
+@dataclass(frozen=True)
+class Readings:
+    """New readings of N streams, stream after stream: `counts[i]` readings of stream i."""
+
+    counts: np.ndarray  # (N,) int
+    times: np.ndarray  # (R,) int64 microseconds since the epoch, increasing within a stream
+    values: np.ndarray  # (R, C) float64, NaN for a missing number
+    references: np.ndarray | None = None  # (R,) float64, NaN for none; None: no reference
+
+    @classmethod
+    def of_one(
+        cls,
+        times: np.ndarray,
+        values: np.ndarray,
+        references: np.ndarray | None = None,
+    ) -> Readings:
+        """One stream's readings."""
+        values = np.asarray(values, dtype=np.float64)
+        if values.ndim == 1:
+            values = values[:, None]
+        return cls(
+            np.array([len(values)]),
+            np.asarray(times, dtype=np.int64),
+            values,
+            None if references is None else np.asarray(references, dtype=np.float64),
+        )
+
+
+@dataclass(frozen=True)
+class StreamResult:
+    """One stream's part of a block: per reading (views of the block's arrays) and its events."""
+
+    first_sample: int
+    forecast: FloatArray  # NaN while warming up
+    residual: FloatArray  # NaN without a forecast, and for an imputed reading
+    imputed: np.ndarray  # bool: the reading was null and was imputed with its forecast
+    monitored: np.ndarray  # bool: the residual reached the detectors
+    reference_gap: FloatArray  # reading minus reference, as the level detector saw it (NaN: none)
+    statistics: dict[str, FloatArray]  # detector -> statistic, NaN where none
+    opened: list[AlarmEvent]
+    closed: list[AlarmEvent]
+
+
+@dataclass(frozen=True)
+class BlockResult:
+    """What a block did, per reading in the order given (stream after stream)."""
+
+    offsets: np.ndarray  # (N + 1,): stream i's readings are [offsets[i], offsets[i + 1])
+    first_samples: list[int]
+    forecast: FloatArray
+    residual: FloatArray
+    imputed: np.ndarray
+    monitored: np.ndarray
+    reference_gap: FloatArray
+    statistics: dict[str, FloatArray]
+    opened: dict[int, list[AlarmEvent]]
+    closed: dict[int, list[AlarmEvent]]
+
+    def stream(self, index: int) -> StreamResult:
+        part = slice(int(self.offsets[index]), int(self.offsets[index + 1]))
+        return StreamResult(
+            self.first_samples[index],
+            self.forecast[part],
+            self.residual[part],
+            self.imputed[part],
+            self.monitored[part],
+            self.reference_gap[part],
+            {kind: values[part] for kind, values in self.statistics.items()},
+            self.opened.get(index, []),
+            self.closed.get(index, []),
+        )
+
+
+# What happens to a reading (see the module's rule).
+_NONE, _REAL, _IMPUTED, _DROPPED = 0, 1, 2, 3
+
+
+@dataclass
+class _Plan:
+    """The bookkeeping of a block, (N, T) each: it depends on which readings are null and when
+    they came, never on a forecast, so it is settled before any forecasting."""
+
+    action: np.ndarray  # int8: _NONE (no reading), _REAL, _IMPUTED or _DROPPED
+    warm: np.ndarray  # bool: the reading has a forecast
+    fresh: np.ndarray  # bool: the reading starts a run (history and carry start afresh)
+    clean: np.ndarray  # bool: no imputed reading in its window
+
+
+class Recurrence:
+    """One model's recurrence with one monitor configuration, shared by every stream configured
+    alike. Pure: it changes only the states it is handed."""
+
+    def __init__(
+        self,
+        forecaster: Forecaster,
+        monitor_config: MonitorConfig,
+        *,
+        max_gap: int = DEFAULT_MAX_GAP,
+    ) -> None:
+        if monitor_config.channels != 1:
+            raise ValueError("the recurrence monitors the residual of channel 0")
+        if max_gap < 1:
+            raise ValueError("max_gap must be at least 1")
+        self.forecaster = forecaster
+        self.monitor = Monitor(monitor_config)
+        self.max_gap = max_gap
+        self.window = forecaster.window
+        self.channels = forecaster.n_channels
+
+    @property
+    def monitor_config(self) -> MonitorConfig:
+        return self.monitor.config
+
+    # -- states --
+
+    def new_state(self) -> StreamState:
+        forecaster = self.forecaster
+        return StreamState(
+            samples=0,
+            last_time=None,
+            run=0,
+            since_imputed=self.window,
+            missing_run=0,
+            history=np.full((forecaster.context, self.channels), np.nan),
+            carry=forecaster.initial_carry(1)[0],
+            pending=np.full(forecaster.horizon, np.nan),
+            monitor=self.monitor.new_state(),
+            latest=np.full(2 + len(self.monitor.detectors), np.nan),
+        )
+
+    def restore(
+        self, saved: Mapping[str, Any], last_time: int | None, *, fresh_monitor: bool = False
+    ) -> StreamState:
+        """The state `StreamState.to_bytes` wrote (parsed), after a reading at `last_time`;
+        refused with a DataError if it does not fit this model and monitor. `fresh_monitor`:
+        the detectors start afresh (they were reconfigured since the state was saved)."""
+        if saved.get("version") == 1:
+            saved = self._upgrade(saved)
+        if saved.get("version") != STATE_VERSION:
+            raise DataError(f"stream state version {saved.get('version')!r} is not supported")
+        forecaster = self.forecaster
+        keys = ("samples", "run", "since_imputed", "missing_run")
+        try:
+            samples, run, since_imputed, missing_run = (int(saved[key]) for key in keys)
+        except (KeyError, TypeError, ValueError):
+            raise DataError("stream state: counters must be integers") from None
+        if (
+            min(samples, run, since_imputed, missing_run) < 0
+            or max(run, since_imputed) > self.window
+        ):
+            raise DataError("stream state: counters out of range")
+        carry = _array(saved.get("carry"), (forecaster.carry_size,), "carry")
+        if np.isnan(carry).any():
+            raise DataError("stream state: the forecaster's carry must be numbers")
+        detectors = len(self.monitor.detectors)
+        monitor = (
+            self.monitor.new_state()
+            if fresh_monitor
+            else self.monitor.state_from_json(saved.get("monitor") or {})
+        )
+        latest = _array(saved.get("latest"), (2 + detectors,), "latest")
+        if fresh_monitor:
+            latest[2:] = np.nan
+        return StreamState(
+            samples=samples,
+            last_time=last_time,
+            run=run,
+            since_imputed=since_imputed,
+            missing_run=missing_run,
+            history=_array(saved.get("history"), (forecaster.context, self.channels), "history"),
+            carry=carry.astype(np.float32),
+            pending=_array(saved.get("pending"), (forecaster.horizon,), "pending"),
+            monitor=monitor,
+            latest=latest,
+        )
+
+    def _upgrade(self, saved: Mapping[str, Any]) -> dict[str, Any]:
+        """A state written by twinwatch 0.1: its window of readings, a flag per reading for
+        the imputed ones, and a stateful model's (h, c)."""
+        try:
+            window = np.asarray(saved["window"], dtype=np.float64).reshape(-1, self.channels)
+            imputed = np.asarray(saved["imputed"], dtype=bool)
+            recurrent = saved.get("recurrent")
+            statistics = dict(saved.get("last_statistics") or {})
+        except (KeyError, TypeError, ValueError):
+            raise DataError("stream state (version 1) is malformed") from None
+        context = self.forecaster.context
+        history = np.full((context, self.channels), np.nan)
+        kept = window[-context:]
+        history[context - len(kept) :] = kept
+        marked = np.flatnonzero(imputed)
+        since = self.window if not marked.size else len(imputed) - 1 - int(marked[-1])
+        carry = self.forecaster.initial_carry(1)[0].astype(np.float64)
+        if recurrent is not None and self.forecaster.carry_size:
+            carry = np.concatenate((np.ravel(recurrent["h"]), np.ravel(recurrent["c"])))
+        return {
+            "version": STATE_VERSION,
+            "samples": saved.get("samples"),
+            "run": min(len(window), self.window),
+            "since_imputed": min(since, self.window),
+            "missing_run": saved.get("missing_run"),
+            "history": history.ravel().tolist(),
+            "carry": carry.tolist(),
+            "pending": saved.get("pending") or [None] * self.forecaster.horizon,
+            "monitor": saved.get("monitor"),
+            "latest": [
+                saved.get("last_forecast"),
+                saved.get("last_residual"),
+                *(statistics.get(kind) for kind in self.monitor.kinds),
+            ],
+        }
+
+    def warmup_remaining(self, state: StreamState) -> int:
+        """Readings still needed before the stream forecasts (and alarms) again."""
+        return self.window - state.run
+
+    def forecast_ahead(self, state: StreamState, horizon: int) -> FloatArray:
+        """The forecast of the next `horizon` readings, made after the last one."""
+        if not 1 <= horizon <= self.forecaster.horizon:
+            raise DataError(
+                f"horizon must be between 1 and the model's horizon ({self.forecaster.horizon})"
+            )
+        if remaining := self.warmup_remaining(state):
+            raise DataError(
+                f"the stream is warming up: {remaining} more readings before it can forecast"
+            )
+        return state.pending[:horizon].copy()
+
+    def latest(self, state: StreamState) -> tuple[float | None, float | None, dict[str, float]]:
+        """The last forecast, residual and statistics a stream had (None or absent: none yet)."""
+        values: list[float | None] = [
+            None if math.isnan(x) else float(x) for x in state.latest.tolist()
+        ]
+        statistics = {
+            str(kind): value
+            for kind, value in zip(self.monitor.kinds, values[2:], strict=True)
+            if value is not None
+        }
+        return values[0], values[1], statistics
+
+    # -- the recurrence --
+
+    def advance(
+        self, states: Sequence[StreamState], readings: Readings, periods: Sequence[float]
+    ) -> BlockResult:
+        """Advance each stream (`states[i]`, whose readings come every `periods[i]` seconds) by
+        its readings, in place. Bad input raises a DataError before anything changes."""
+        counts = np.asarray(readings.counts, dtype=np.int64)
+        values = np.asarray(readings.values, dtype=np.float64)
+        total, streams = int(counts.sum()), len(states)
+        if counts.shape != (streams,) or (counts < 0).any():
+            raise DataError(f"{counts.shape} reading counts for {streams} streams")
+        if values.shape != (total, self.channels):
+            raise DataError(
+                f"readings of shape {values.shape}: {total} readings of {self.channels} channel(s)"
+            )
+        if readings.times.shape != (total,):
+            raise DataError(f"{readings.times.shape} times for {total} readings")
+        if readings.references is not None and readings.references.shape != (total,):
+            raise DataError(f"{readings.references.shape} references for {total} readings")
+        if np.isinf(values).any():
+            raise DataError("readings must be finite numbers or null")
+        if readings.references is not None and np.isinf(readings.references).any():
+            raise DataError("references must be finite numbers or null")
+
+        offsets = np.concatenate(([0], np.cumsum(counts)))
+        steps = int(counts.max()) if streams else 0
+        if streams and (counts == steps).all():  # a tick, one stream's batch: no padding
+            scatter = None
+            block = values.reshape(streams, steps, self.channels).copy()
+            present = np.ones((streams, steps), dtype=bool)
+        else:
+            row_of = np.repeat(np.arange(streams), counts)
+            scatter = (row_of, np.arange(total) - offsets[row_of])
+            block = np.full((streams, steps, self.channels), np.nan)
+            block[scatter] = values
+            present = np.zeros((streams, steps), dtype=bool)
+            present[scatter] = True
+
+        def padded(per_reading: np.ndarray, fill: Any) -> np.ndarray:
+            if scatter is None:
+                return per_reading.reshape(streams, steps)
+            out = np.full((streams, steps), fill, dtype=per_reading.dtype)
+            out[scatter] = per_reading
+            return out
+
+        def flat(per_position: np.ndarray) -> np.ndarray:
+            return per_position.reshape(-1) if scatter is None else per_position[scatter]
+
+        restart = padded(self._gaps(states, readings.times, offsets, periods), False)
+        plan = self._plan(states, present, np.isnan(block).any(axis=2) & present, restart, counts)
+        forecast = self._forecast(states, block, plan)
+
+        has_forecast = (plan.action == _REAL) & plan.warm
+        residual = np.where(has_forecast, block[:, :, 0] - forecast, np.nan)
+        monitored = has_forecast & plan.clean & ~np.isnan(residual)
+        gaps = np.full((streams, steps), np.nan)
+        if readings.references is not None:
+            reference = padded(readings.references, np.nan)
+            gaps = np.where(has_forecast & ~np.isnan(forecast), block[:, :, 0] - reference, np.nan)
+        first_samples = [state.samples for state in states]
+        watched = self.monitor.advance(
+            [state.monitor for state in states],
+            np.where(monitored, residual, np.nan),
+            None if readings.references is None else gaps,
+            first_samples=first_samples,
+        )
+        forecast = np.where(plan.warm, forecast, np.nan)
+        self._remember_latest(states, forecast, residual, watched.statistics)
+        for row, state in enumerate(states):
+            if counts[row]:
+                state.samples += int(counts[row])
+                state.last_time = int(readings.times[offsets[row + 1] - 1])
+
+        return BlockResult(
+            offsets=offsets,
+            first_samples=first_samples,
+            forecast=flat(forecast),
+            residual=flat(residual),
+            imputed=flat(plan.action == _IMPUTED),
+            monitored=flat(monitored),
+            reference_gap=flat(gaps),
+            statistics={kind: flat(values) for kind, values in watched.statistics.items()},
+            opened=watched.opened,
+            closed=watched.closed,
+        )
+
+    def _remember_latest(
+        self,
+        states: Sequence[StreamState],
+        forecast: np.ndarray,
+        residual: np.ndarray,
+        statistics: Mapping[str, np.ndarray],
+    ) -> None:
+        """Each stream's last forecast, residual and statistics, for what reads show."""
+        series = np.stack([forecast, residual, *(statistics[k] for k in self.monitor.kinds)])
+        known = ~np.isnan(series)  # (quantities, N, T)
+        if not known.any():
+            return
+        last = series.shape[2] - 1 - np.argmax(known[:, :, ::-1], axis=2)  # (quantities, N)
+        newest = np.take_along_axis(series, last[:, :, None], axis=2)[:, :, 0]
+        latest = np.array([state.latest for state in states])
+        latest = np.where(known.any(axis=2).T, newest.T, latest)
+        for row, state in enumerate(states):
+            state.latest = latest[row].copy()  # (a view would keep the whole block alive)
+
+    def _gaps(
+        self,
+        states: Sequence[StreamState],
+        times: np.ndarray,
+        offsets: np.ndarray,
+        periods: Sequence[float],
+    ) -> np.ndarray:
+        """True where a reading follows the stream's previous one by more than `max_gap`
+        sample periods."""
+        counts = np.diff(offsets)
+        previous = np.empty(len(times), dtype=np.int64)
+        previous[1:] = times[:-1]
+        firsts = offsets[:-1][counts > 0]
+        last = [state.last_time for state, count in zip(states, counts, strict=True) if count]
+        previous[firsts] = [
+            times[first] if t is None else t for t, first in zip(last, firsts, strict=True)
+        ]
+        limits = np.repeat(np.asarray(periods, dtype=np.float64) * self.max_gap, counts)
+        return np.asarray((times - previous) / 1e6 > limits)
+
+    def _plan(
+        self,
+        states: Sequence[StreamState],
+        present: np.ndarray,
+        null: np.ndarray,
+        restart: np.ndarray,
+        counts: np.ndarray,
+    ) -> _Plan:
+        """Which readings are forecast, imputed, dropped or start a run (the module's rule).
+        A stream without nulls or gaps in the block moves on in closed form; the others step
+        from event to event."""
+        steps = present.shape[1]
+        window = self.window
+        run = np.array([state.run for state in states], dtype=np.int64)
+        since = np.array([state.since_imputed for state in states], dtype=np.int64)
+        ages = np.arange(steps)
+        before = run[:, None] + ages  # readings in the run before each reading, no events
+        plan = _Plan(
+            action=np.where(present, _REAL, _NONE).astype(np.int8),
+            warm=before >= window,
+            fresh=before == 0,
+            clean=since[:, None] + ages >= window,
+        )
+        eventful = set(np.flatnonzero((null | restart).any(axis=1)).tolist())
+        for row, state in enumerate(states):
+            if row in eventful:
+                self._plan_row(state, row, plan, null[row], restart[row], int(counts[row]))
+            elif counts[row]:
+                state.run = min(window, state.run + int(counts[row]))
+                state.since_imputed = min(window, state.since_imputed + int(counts[row]))
+                state.missing_run = 0
+        plan.warm &= present
+        plan.fresh &= present
+        return plan
+
+    def _plan_row(
+        self,
+        state: StreamState,
+        row: int,
+        plan: _Plan,
+        null: np.ndarray,
+        restart: np.ndarray,
+        count: int,
+    ) -> None:
+        window = self.window
+        run, since, missing = state.run, state.since_imputed, state.missing_run
+
+        def real(start: int, stop: int) -> None:
+            nonlocal run, since, missing
+            if stop > start:
+                ages = np.arange(stop - start)
+                plan.warm[row, start:stop] = run + ages >= window
+                plan.fresh[row, start:stop] = run + ages == 0
+                plan.clean[row, start:stop] = since + ages >= window
+                run, since = min(window, run + stop - start), min(window, since + stop - start)
+                missing = 0
+
+        start = 0  # the first reading not planned yet
+        for event in np.flatnonzero((null | restart)[:count]).tolist():
+            real(start, event)
+            if restart[event]:
+                run, since = 0, window
+            if not null[event]:
+                start = event  # a real reading after a gap: it starts the next stretch
+                continue
+            missing += 1
+            plan.fresh[row, event] = False
+            if missing > self.max_gap or run < window:
+                plan.action[row, event] = _DROPPED
+                plan.warm[row, event] = False
+                run, since = 0, window
+            else:
+                plan.action[row, event] = _IMPUTED
+                plan.warm[row, event], plan.clean[row, event] = True, False
+                run, since = min(window, run + 1), 0
+            start = event + 1
+        real(start, count)
+        state.run, state.since_imputed, state.missing_run = run, since, missing
+
+    def _forecast(
+        self, states: Sequence[StreamState], block: np.ndarray, plan: _Plan
+    ) -> np.ndarray:
+        """Each reading's forecast (NaN where none), the forecaster called once per stretch of
+        readings that no stream interrupts; imputed readings are written into `block`.
+
+        A stretch ends where a stream's reading is imputed (its value is the forecast the
+        previous stretch ends with), dropped, starts a run, or where a stream's readings end."""
+        forecaster = self.forecaster
+        streams, steps = plan.action.shape
+        forecast = np.full((streams, steps), np.nan)
+        if not streams or not steps:
+            return forecast
+        history = np.array([state.history for state in states])
+        carry = np.array([state.carry for state in states])
+        pending = np.array([state.pending for state in states])
+        appended = (plan.action == _REAL) | (plan.action == _IMPUTED)
+        breaks = (plan.action == _IMPUTED) | (plan.action == _DROPPED) | plan.fresh
+        breaks[:, 1:] |= appended[:, 1:] != appended[:, :-1]
+        cuts = [0, *np.flatnonzero(breaks[:, 1:].any(axis=0)) + 1, steps]
+        for start, stop in itertools.pairwise(cuts):
+            rows = np.flatnonzero(appended[:, start])
+            if not rows.size:
+                continue
+            fresh = rows[plan.fresh[rows, start]]
+            if fresh.size:
+                history[fresh] = np.nan
+                carry[fresh] = forecaster.initial_carry(fresh.size)
+                pending[fresh] = np.nan
+            imputed = rows[plan.action[rows, start] == _IMPUTED]
+            if imputed.size:
+                guess = block[imputed, start].copy()
+                guess[:, 0] = np.where(np.isnan(guess[:, 0]), pending[imputed, 0], guess[:, 0])
+                block[imputed, start] = np.where(np.isnan(guess), history[imputed, -1], guess)
+            stretch = block[rows, start:stop]
+            made, carry[rows] = forecaster.advance(history[rows], stretch, carry[rows])
+            forecast[rows, start] = pending[rows, 0]
+            forecast[rows, start + 1 : stop] = made[:, :-1, 0]
+            pending[rows] = made[:, -1]
+            context = forecaster.context
+            history[rows] = np.concatenate((history[rows], stretch), axis=1)[:, -context:]
+        for row, state in enumerate(states):  # (copies: a view would keep the block alive)
+            state.history, state.carry = history[row].copy(), carry[row].copy()
+            state.pending = pending[row].copy()
+        return forecast
