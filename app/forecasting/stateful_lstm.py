@@ -472,7 +472,7 @@ class StatefulLSTMForecaster(Forecaster):
     def advance(
         self, history: np.ndarray, rows: np.ndarray, carry: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray]:
-        count, steps = rows.shape[:2]
+        count = rows.shape[0]
         previous = np.concatenate((history[:, -1:], rows[:, :-1]), axis=1)
         changes = rows - previous
         changes[:, 0] = np.where(np.isnan(changes[:, 0]), 0.0, changes[:, 0])

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -150,7 +151,7 @@ def test_the_grouping_of_streams_and_readings_never_changes_a_bit(kind: str, see
 
     cuts = [0, *sorted(rng.choice(np.arange(1, readings), 12, replace=False).tolist()), readings]
     state, parts = start, []
-    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
+    for a, b in itertools.pairwise(cuts):
         part, state = detector.statistics(values[:, a:b], state)
         parts.append(part)
     assert np.array_equal(np.concatenate(parts, axis=1), together, equal_nan=True)

@@ -241,7 +241,7 @@ def test_forecast_ahead_needs_a_warm_stream(recurrence: Recurrence, lab: Lab) ->
     state = recurrence.new_state()
     with pytest.raises(DataError, match=f"warming up: {recurrence.window} more"):
         recurrence.forecast_ahead(state, 1)
-    (result,) = advance(recurrence, [state], lab, [(0, 0, 280)])
+    advance(recurrence, [state], lab, [(0, 0, 280)])
     ahead = recurrence.forecast_ahead(state, 1)
     assert ahead.shape == (1,)
     (following,) = advance(recurrence, [state], lab, [(0, 280, 281)])
