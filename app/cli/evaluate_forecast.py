@@ -20,7 +20,6 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from app.cli.root import evaluate_cli
 from app.errors import DataError
 from app.forecasting import report
 from app.forecasting.stateful_lstm import STATEFUL_TRAINING
@@ -115,7 +114,6 @@ def run_with_progress(series: np.ndarray, config: EvaluationConfig) -> Evaluatio
         return evaluate_forecasters(series, config, on_fit=on_fit)
 
 
-@evaluate_cli.command("forecast")
 def evaluate_forecast_command(
     data: Annotated[Path, typer.Option("--data", help="CSV with columns t,value[,...].")],
     origins: Annotated[

@@ -11,7 +11,6 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from app.cli.root import cli, evaluate_cli
 from app.errors import DataError
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
@@ -34,7 +33,6 @@ def _policy(k: int, n: int, m: int) -> AlarmPolicy:
         raise DataError(f"alarm rule --k {k} --n {n} --m {m}: {exc.errors()[0]['msg']}") from None
 
 
-@cli.command("calibrate")
 def calibrate_command(
     model: ModelOption,
     data: DataOption,
@@ -93,7 +91,6 @@ def _thresholds_table(config: MonitorConfig) -> Table:
     return table
 
 
-@evaluate_cli.command("monitor")
 def evaluate_monitor_command(
     model: ModelOption,
     data: DataOption,

@@ -7,12 +7,10 @@ from typing import Annotated
 
 import typer
 
-from app.cli.root import cli, db_cli
 from app.settings import load_settings
 from app.storage import migrations
 
 
-@cli.command("serve")
 def serve_command(
     host: Annotated[str | None, typer.Option(help="Interface to bind [TWINWATCH_HOST].")] = None,
     port: Annotated[int | None, typer.Option(help="Port to bind [TWINWATCH_PORT].")] = None,
@@ -40,7 +38,6 @@ def serve_command(
     )
 
 
-@db_cli.command("upgrade")
 def db_upgrade_command(
     revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
 ) -> None:
@@ -51,7 +48,6 @@ def db_upgrade_command(
     typer.echo(f"database at {_describe(migrations.current(settings.database_url))}")
 
 
-@db_cli.command("downgrade")
 def db_downgrade_command(
     revision: Annotated[str, typer.Argument(help="Target revision ('base' empties it).")],
 ) -> None:
@@ -61,7 +57,6 @@ def db_downgrade_command(
     typer.echo(f"database at {_describe(migrations.current(settings.database_url))}")
 
 
-@db_cli.command("current")
 def db_current_command() -> None:
     """Print the database's revision and whether it is the newest."""
     settings = load_settings()

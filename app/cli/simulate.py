@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from app.cli.root import cli
 from app.errors import DataError
 from app.series import write_csv
 from app.simulation.faults import LAB_FAULTS, Fault, inject_faults, load_schedule, write_schedule
@@ -28,7 +27,6 @@ def resolve_faults(spec: str | None) -> list[Fault]:
     return load_schedule(spec)
 
 
-@cli.command("simulate")
 def simulate_command(
     out: Annotated[Path, typer.Option("--out", help="CSV to write (t,value,reference).")],
     seed: Annotated[int, typer.Option(help="Random seed of the machine's noise.")] = 0,

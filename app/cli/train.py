@@ -13,7 +13,6 @@ import numpy as np
 import typer
 from tqdm import tqdm
 
-from app.cli.root import cli
 from app.errors import ArtifactError, DataError
 from app.forecasting.artifacts import MANIFEST_FILE, save_model
 from app.forecasting.base import Forecaster
@@ -140,7 +139,6 @@ def _print_metrics(metrics: dict[str, Any]) -> None:
         )
 
 
-@cli.command("train")
 def train_command(
     data: Annotated[Path, typer.Option("--data", help="CSV with t,value[,reference,...].")],
     train_end: Annotated[

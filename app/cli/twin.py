@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 import typer
 
-from app.cli.root import cli
 from app.cli.simulate import resolve_faults
 from app.settings import load_settings
 from app.twin.client import (
@@ -35,7 +34,6 @@ def _alarm_line(alarm: dict[str, Any], sample_of: dict[datetime, int], opened: b
     )
 
 
-@cli.command("twin")
 def twin_command(
     url: Annotated[str, typer.Option(help="The service's base URL.")] = DEFAULT_URL,
     stream: Annotated[str, typer.Option(help="Stream id to create (or continue).")] = "twin",
@@ -112,7 +110,6 @@ def twin_command(
     )
 
 
-@cli.command("demo")
 def demo_command(
     speed: Annotated[float, typer.Option(help="Machine time per wall-clock second.")] = 3.0,
     port: Annotated[int, typer.Option(help="Loopback port of the service (0: any free).")] = 0,
