@@ -26,11 +26,15 @@ PeriodOption = Annotated[
 ]
 
 
-def _policy(k: int, n: int, m: int) -> AlarmPolicy:
+def alarm_policy(*, open_after: int, open_window: int, close_after: int) -> AlarmPolicy:
+    """The alarm rule of the options; a refusal names the options the user typed."""
     try:
-        return AlarmPolicy(k=k, n=n, m=m)
-    except ValidationError as exc:
-        raise DataError(f"alarm rule --k {k} --n {n} --m {m}: {exc.errors()[0]['msg']}") from None
+        return AlarmPolicy(k=open_after, n=open_window, m=close_after)
+    except ValidationError:
+        raise DataError(
+            f"alarm rule --open-after {open_after} --open-window {open_window} --close-after "
+            f"{close_after}: each must be at least 1, and --open-after cannot exceed --open-window"
+        ) from None
 
 
 def calibrate_command(
@@ -51,9 +55,29 @@ def calibrate_command(
         ),
     ] = None,
     sample_period: PeriodOption = None,
-    k: Annotated[int, typer.Option("--k", help="Exceedances that open an event ...")] = 1,
-    n: Annotated[int, typer.Option("--n", help="... within this many samples.")] = 1,
-    m: Annotated[int, typer.Option("--m", help="Samples back inside that close it.")] = 20,
+    open_after: Annotated[
+        int,
+        typer.Option(
+            metavar="EXCEEDANCES",
+            help="Exceedances of the threshold that open an alarm, counted over the last "
+            "--open-window samples.",
+        ),
+    ] = 1,
+    open_window: Annotated[
+        int,
+        typer.Option(
+            metavar="SAMPLES",
+            help="Samples over which --open-after counts exceedances (1: every exceedance opens "
+            "an alarm).",
+        ),
+    ] = 1,
+    close_after: Annotated[
+        int,
+        typer.Option(
+            metavar="SAMPLES",
+            help="Consecutive samples back inside the threshold that close an open alarm.",
+        ),
+    ] = 20,
 ) -> None:
     """Set every detector's threshold from held-out normal data; store them in the manifest."""
     config = calibrate(
@@ -62,7 +86,7 @@ def calibrate_command(
         holdout,
         false_alarms_per_day=false_alarms_per_day,
         sample_period_s=sample_period,
-        alarm=_policy(k, n, m),
+        alarm=alarm_policy(open_after=open_after, open_window=open_window, close_after=close_after),
     )
     console = Console()
     console.print(_thresholds_table(config))

@@ -165,8 +165,12 @@ def train_command(
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of weights, dropout and shuffling.")] = 0,
-    validation: Annotated[
-        int, typer.Option(help="Origins carved from the end of the training period.")
+    validation_samples: Annotated[
+        int,
+        typer.Option(
+            help="Forecast origins at the end of the training period kept out of the fit to "
+            "pick the best epoch."
+        ),
     ] = TrainingConfig.validation,
 ) -> None:
     """Train a forecaster on the start of a record; pick epochs on its validation tail."""
@@ -190,7 +194,7 @@ def train_command(
         recipe,
         epochs=recipe.epochs if epochs is None else epochs,
         seed=seed,
-        validation=validation,
+        validation=validation_samples,
     )
     forecaster = build(kind, window=window, horizon=horizon, n_channels=len(names), training=config)
     mean, std = training_statistics(matrix[:train_end])
@@ -212,7 +216,7 @@ def train_command(
     else:
         forecaster.fit(matrix, train_end=train_end)
     seconds = time.perf_counter() - started
-    metrics = holdout_metrics(forecaster, matrix, train_end, validation=validation)
+    metrics = holdout_metrics(forecaster, matrix, train_end, validation=validation_samples)
     _print_metrics(metrics)
     save_model(
         forecaster,

@@ -57,8 +57,9 @@ def twin_command(
     max_batch: Annotated[
         int, typer.Option(help="Most readings per request when catching up.")
     ] = DEFAULT_MAX_BATCH,
-    retries: Annotated[
-        int, typer.Option(help="Attempts per request on network errors and 5xx.")
+    attempts: Annotated[
+        int,
+        typer.Option(help="Tries per request, the first included, on network errors and 5xx."),
     ] = 8,
     loop: Annotated[bool, typer.Option(help="Start over after the last sample, forever.")] = False,
 ) -> None:
@@ -95,7 +96,7 @@ def twin_command(
             timeline,
             stop=stop,
             abort=abort,
-            retry=Retry(attempts=max(1, retries)),
+            retry=Retry(attempts=max(1, attempts)),
             max_batch=max_batch,
             model=model,
             on_batch=on_batch,
@@ -113,7 +114,7 @@ def twin_command(
 def demo_command(
     speed: Annotated[float, typer.Option(help="Machine time per wall-clock second.")] = 3.0,
     port: Annotated[int, typer.Option(help="Loopback port of the service (0: any free).")] = 0,
-    keep: Annotated[
+    keep_database: Annotated[
         bool, typer.Option(help="Keep the temporary SQLite database and print its path.")
     ] = False,
     out: Annotated[Path, typer.Option(help="Directory for the figure.")] = Path("out/demo"),
@@ -136,5 +137,5 @@ def demo_command(
         speed=speed,
         start=start,
         samples=samples,
-        keep=keep,
+        keep=keep_database,
     )
