@@ -22,7 +22,11 @@ __all__ = ["build_cli", "cli", "main"]
 
 def build_cli() -> typer.Typer:
     """The `twinwatch` application, its commands in the order `twinwatch --help` lists them."""
-    root = _group("twinwatch", "Watch machines through their digital twins.")
+    root = _group(
+        "twinwatch",
+        "Watch machines through their digital twins: forecast each sensor stream, run detectors "
+        "on the residuals, raise alarms.",
+    )
     root.command("simulate")(simulate.simulate_command)
     root.command("train")(train.train_command)
     root.command("calibrate")(monitoring.calibrate_command)
@@ -30,12 +34,15 @@ def build_cli() -> typer.Typer:
     root.command("twin")(twin.twin_command)
     root.command("demo")(twin.demo_command)
 
-    evaluate = _group("evaluate", "Measure forecasters and monitors honestly.")
+    evaluate = _group(
+        "evaluate",
+        "Score forecasters (walk-forward errors) and detectors (on known faults).",
+    )
     evaluate.command("forecast")(evaluate_forecast.evaluate_forecast_command)
     evaluate.command("monitor")(monitoring.evaluate_monitor_command)
     root.add_typer(evaluate)
 
-    db = _group("db", "Database schema management.")
+    db = _group("db", "Migrate or inspect the database schema (TWINWATCH_DATABASE_URL).")
     db.command("upgrade")(service.db_upgrade_command)
     db.command("downgrade")(service.db_downgrade_command)
     db.command("current")(service.db_current_command)
