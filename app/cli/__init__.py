@@ -1,30 +1,71 @@
 """Command line: `twinwatch simulate | train | calibrate | evaluate | serve | twin | demo | db`.
 
-Each module registers its commands on the Typer apps of `app.cli.root`; the commands are thin:
-they parse options, call the library, print. An `AppError` becomes a one-line message and exit
-code 2, never a traceback.
+The command modules define plain functions; `build_cli` below is the one place that names every
+command and group, so a new command is one module and one line here. The commands are thin: they
+parse options, call the library, print. An `AppError` becomes a one-line message and exit code
+2, never a traceback.
 """
 
 from __future__ import annotations
 
 import sys
 
+import typer
 from rich.console import Console
 from rich.markup import escape
 
-from app.cli import evaluate_forecast as _evaluate_forecast  # noqa: F401  (registers commands)
-from app.cli import monitoring as _monitoring  # noqa: F401  (registers commands)
-from app.cli import service as _service  # noqa: F401  (registers commands)
-from app.cli import simulate as _simulate  # noqa: F401  (registers commands)
-from app.cli import train as _train  # noqa: F401  (registers commands)
-from app.cli import twin as _twin  # noqa: F401  (registers commands)
-from app.cli.root import cli
+from app.cli import evaluate_forecast, monitoring, service, simulate, train, twin
 from app.errors import AppError
 
-__all__ = ["cli", "main"]
+__all__ = ["build_cli", "cli", "main"]
+
+
+def build_cli() -> typer.Typer:
+    """The `twinwatch` application, its commands in the order `twinwatch --help` lists them."""
+    root = _group(
+        "twinwatch",
+        "Watch machines through their digital twins: forecast each sensor stream, run detectors "
+        "on the residuals, raise alarms.",
+    )
+    root.command("simulate")(simulate.simulate_command)
+    root.command("train")(train.train_command)
+    root.command("calibrate")(monitoring.calibrate_command)
+    root.command("serve")(service.serve_command)
+    root.command("twin")(twin.twin_command)
+    root.command("demo")(twin.demo_command)
+
+    evaluate = _group(
+        "evaluate",
+        "Score forecasters (walk-forward errors) and detectors (on known faults).",
+    )
+    evaluate.command("forecast")(evaluate_forecast.evaluate_forecast_command)
+    evaluate.command("monitor")(monitoring.evaluate_monitor_command)
+    root.add_typer(evaluate)
+
+    db = _group("db", "Migrate or inspect the database schema (TWINWATCH_DATABASE_URL).")
+    db.command("upgrade")(service.db_upgrade_command)
+    db.command("downgrade")(service.db_downgrade_command)
+    db.command("current")(service.db_current_command)
+    root.add_typer(db)
+    return root
+
+
+def _group(name: str, description: str) -> typer.Typer:
+    # No pretty tracebacks: an AppError is one line (see main), anything else a plain trace.
+    return typer.Typer(
+        name=name,
+        help=description,
+        no_args_is_help=True,
+        pretty_exceptions_enable=False,
+        add_completion=False,
+    )
+
+
+cli = build_cli()
 
 
 def main() -> None:
+    """The `twinwatch` console script."""
     try:
         cli()
     except AppError as exc:

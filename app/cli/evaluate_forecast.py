@@ -1,4 +1,4 @@
-"""`twinwatch evaluate forecast`: honest walk-forward evaluation of the forecasters (SPEC 2-3)."""
+"""`twinwatch evaluate forecast`: honest walk-forward evaluation of the forecasters."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from app.cli.root import evaluate_cli
 from app.errors import DataError
 from app.forecasting import report
 from app.forecasting.stateful_lstm import STATEFUL_TRAINING
@@ -115,16 +114,25 @@ def run_with_progress(series: np.ndarray, config: EvaluationConfig) -> Evaluatio
         return evaluate_forecasters(series, config, on_fit=on_fit)
 
 
-@evaluate_cli.command("forecast")
 def evaluate_forecast_command(
-    data: Annotated[Path, typer.Option("--data", help="CSV with columns t,value[,...].")],
+    data: Annotated[
+        Path,
+        typer.Option("--data", help="CSV t,value[,...]: one row per sample; value is forecast."),
+    ],
     origins: Annotated[
-        str, typer.Option(help="Comma-separated walk-forward origins (sample indices).")
+        str,
+        typer.Option(
+            help="Comma-separated walk-forward origins (sample indices): at each, the methods "
+            "fit on the samples before it and forecast the test block after it."
+        ),
     ] = DEFAULT_ORIGINS,
     json_path: Annotated[
-        Path | None, typer.Option("--json", help="Write the JSON report here.")
+        Path | None, typer.Option("--json", help="Write the JSON report to this file.")
     ] = None,
-    plots: Annotated[Path | None, typer.Option(help="Write PNG figures to this directory.")] = None,
+    plots: Annotated[
+        Path | None,
+        typer.Option(help="Write PNG figures (forecasts, error by horizon) to this directory."),
+    ] = None,
     quick: Annotated[
         bool,
         typer.Option(
@@ -133,27 +141,43 @@ def evaluate_forecast_command(
         ),
     ] = False,
     test_size: Annotated[
-        int | None, typer.Option(help="Samples in each test block (default 1000).")
+        int | None,
+        typer.Option(help=f"Samples in each test block (default {EvaluationConfig.test_size})."),
     ] = None,
     epochs: Annotated[
         int | None,
         typer.Option(
             help=f"LSTM training epochs (default {TrainingConfig.epochs}; the stateful LSTM "
-            f"{STATEFUL_TRAINING.epochs}, stopping early on the validation tail)."
+            f"{STATEFUL_TRAINING.epochs}, stopping after {STATEFUL_TRAINING.patience} epochs "
+            "without a better validation loss)."
         ),
     ] = None,
-    seed: Annotated[int, typer.Option(help="Training seed.")] = 0,
+    seed: Annotated[
+        int, typer.Option(help="Seed of the LSTMs' weights, dropout and shuffling.")
+    ] = 0,
     focus_origin: Annotated[
         int | None,
         typer.Option(
-            help="Origin of the global-z-score and multi-step comparisons "
+            help="Origin of the scaling and multi-step comparisons "
             f"(default {DEFAULT_FOCUS} if among the origins, else the last)."
         ),
     ] = None,
-    horizon: Annotated[int, typer.Option(help="Steps ahead in the multi-step comparison.")] = 20,
+    horizon: Annotated[
+        int,
+        typer.Option(
+            help=f"Samples ahead in the multi-step comparison (2 to {EvaluationConfig.period})."
+        ),
+    ] = EvaluationConfig.horizon,
 ) -> None:
-    """Walk-forward RMSE/MAE/MASE of naive, seasonal naive, linear AR, LSTM and stateful LSTM
-    on the same targets; the global-z-score failure; recursive vs direct multi-step."""
+    """Walk-forward forecast errors of every forecaster beside the baselines.
+
+    At each origin every method is fitted afresh on the samples before it and scored on the
+    test block after it: RMSE, MAE and MASE of naive, seasonal naive (the value one forcing
+    period earlier), linear AR, LSTM and stateful LSTM, all on the same targets. At
+    --focus-origin two comparisons follow: an LSTM on readings scaled by the training mean and
+    std against the LSTM on each window's changes (the first fails once the level leaves the
+    training range), and recursive against direct forecasts up to --horizon samples ahead.
+    """
     started = time.perf_counter()
     config = build_config(
         origins=parse_origins(origins),

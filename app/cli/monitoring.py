@@ -1,4 +1,4 @@
-"""`twinwatch calibrate` and `twinwatch evaluate monitor` (SPEC section 5)."""
+"""`twinwatch calibrate` (detector thresholds) and `twinwatch evaluate monitor` (detection)."""
 
 from __future__ import annotations
 
@@ -11,60 +11,103 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from app.cli.root import cli, evaluate_cli
 from app.errors import DataError
 from app.monitoring.alarms import AlarmPolicy
+from app.monitoring.calibration import Margins
 from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
 from app.monitoring.workflow import calibrate, evaluate
 
+_MARGINS = Margins()
+DEFAULT_THRESHOLDS = (
+    f"point: {_MARGINS.point_sigmas:g} standard deviations of the hold-out residuals; "
+    f"rolling RMS: {_MARGINS.rms_factor:g} times its hold-out maximum; variance floor: "
+    f"{_MARGINS.floor_factor:g} times its hold-out minimum; CUSUM: {_MARGINS.cusum_factor:g}, "
+    f"level: {_MARGINS.level_factor:g} and Mahalanobis: {_MARGINS.mahalanobis_factor:g} times "
+    "their hold-out maximum"
+)
+"""The margins calibration uses without a target rate, in words for the help."""
+
 ModelOption = Annotated[Path, typer.Option("--model", help="Model directory (models/NAME).")]
-DataOption = Annotated[Path, typer.Option("--data", help="CSV t,value[,reference].")]
+DataOption = Annotated[
+    Path,
+    typer.Option("--data", help="CSV t,value[,reference]: one row per sample, uniformly spaced."),
+]
 PeriodOption = Annotated[
     float | None,
     typer.Option(
-        "--sample-period", help="Seconds per sample for rates per day (default: from the data)."
+        "--sample-period",
+        help="Seconds between samples, for rates per day (default: the spacing of t in --data).",
     ),
 ]
 
 
-def _policy(k: int, n: int, m: int) -> AlarmPolicy:
+def alarm_policy(*, open_after: int, open_window: int, close_after: int) -> AlarmPolicy:
+    """The alarm rule of the options; a refusal names the options the user typed."""
     try:
-        return AlarmPolicy(k=k, n=n, m=m)
-    except ValidationError as exc:
-        raise DataError(f"alarm rule --k {k} --n {n} --m {m}: {exc.errors()[0]['msg']}") from None
+        return AlarmPolicy(k=open_after, n=open_window, m=close_after)
+    except ValidationError:
+        raise DataError(
+            f"alarm rule --open-after {open_after} --open-window {open_window} --close-after "
+            f"{close_after}: each must be at least 1, and --open-after cannot exceed --open-window"
+        ) from None
 
 
-@cli.command("calibrate")
 def calibrate_command(
     model: ModelOption,
     data: DataOption,
     holdout: Annotated[
         str,
         typer.Option(
-            help="Held-out NORMAL samples START:STOP of --data (or 'all' for a separate file)."
+            help="Samples START:STOP of --data (sample indices, STOP excluded) of normal "
+            "operation the model never trained on; 'all' for a separate file of it."
         ),
     ],
     false_alarms_per_day: Annotated[
         float | None,
         typer.Option(
             "--false-alarms-per-day",
-            help="Target false-alarm events per day, all detectors together "
-            "(default: the lab's margins).",
+            help="Target false-alarm events per day, all detectors together. Without it, "
+            f"each threshold is a margin over the hold-out: {DEFAULT_THRESHOLDS}.",
         ),
     ] = None,
     sample_period: PeriodOption = None,
-    k: Annotated[int, typer.Option("--k", help="Exceedances that open an event ...")] = 1,
-    n: Annotated[int, typer.Option("--n", help="... within this many samples.")] = 1,
-    m: Annotated[int, typer.Option("--m", help="Samples back inside that close it.")] = 20,
+    open_after: Annotated[
+        int,
+        typer.Option(
+            metavar="EXCEEDANCES",
+            help="Exceedances of the threshold that open an alarm, counted over the last "
+            "--open-window samples.",
+        ),
+    ] = 1,
+    open_window: Annotated[
+        int,
+        typer.Option(
+            metavar="SAMPLES",
+            help="Samples over which --open-after counts exceedances (1: every exceedance opens "
+            "an alarm).",
+        ),
+    ] = 1,
+    close_after: Annotated[
+        int,
+        typer.Option(
+            metavar="SAMPLES",
+            help="Consecutive samples back inside the threshold that close an open alarm.",
+        ),
+    ] = 20,
 ) -> None:
-    """Set every detector's threshold from held-out normal data; store them in the manifest."""
+    """Set every detector's threshold from held-out normal data; store them in the manifest.
+
+    The model forecasts the hold-out; each detector's threshold comes from its statistic over
+    the residuals there, either as a margin or for a target false-alarm rate. The alarm rule
+    (--open-after, --open-window, --close-after) is stored with them.
+    """
     config = calibrate(
         model,
         data,
         holdout,
         false_alarms_per_day=false_alarms_per_day,
         sample_period_s=sample_period,
-        alarm=_policy(k, n, m),
+        alarm=alarm_policy(open_after=open_after, open_window=open_window, close_after=close_after),
     )
     console = Console()
     console.print(_thresholds_table(config))
@@ -93,30 +136,49 @@ def _thresholds_table(config: MonitorConfig) -> Table:
     return table
 
 
-@evaluate_cli.command("monitor")
 def evaluate_monitor_command(
     model: ModelOption,
     data: DataOption,
-    faults: Annotated[Path, typer.Option("--faults", help="The faults JSON of --data.")],
-    json_out: Annotated[Path, typer.Option("--json", help="Report to write.")],
+    faults: Annotated[
+        Path,
+        typer.Option(
+            "--faults", help="The faults of --data, a JSON list as twinwatch simulate writes it."
+        ),
+    ],
+    json_out: Annotated[Path, typer.Option("--json", help="Write the JSON report to this file.")],
     holdout: Annotated[
         str | None,
         typer.Option(
-            help="Calibrate on START:STOP of --data with the lab's margins "
-            "(default: the thresholds in the manifest)."
+            help="Set the thresholds here from normal samples START:STOP of --data, as margins "
+            f"over them ({DEFAULT_THRESHOLDS}). Default: the thresholds in the model's manifest."
         ),
     ] = None,
-    plots: Annotated[Path | None, typer.Option(help="Directory for the PNG.")] = None,
+    plots: Annotated[
+        Path | None,
+        typer.Option(
+            help="Write a PNG of the record, its statistics and alarms to this directory."
+        ),
+    ] = None,
     normal_days: Annotated[
         float | None,
-        typer.Option("--normal-days", help="Also count false alarms on this many clean days."),
+        typer.Option(
+            "--normal-days",
+            help="Also simulate this many days of clean operation (with --seed) and count their "
+            "false alarms.",
+        ),
     ] = None,
     seed: Annotated[
-        int | None, typer.Option(help="Seed of the clean simulated days (not the data's).")
+        int | None,
+        typer.Option(help="Seed of the clean simulated days; pick one the model never trained on."),
     ] = None,
     sample_period: PeriodOption = None,
 ) -> None:
-    """Detection delays, events, false alarms per day and precision on injected faults."""
+    """Score the detectors on a record with known faults.
+
+    Per fault: which detectors alarmed, their events and alarm samples, and the first alarm's
+    delay in samples. On the samples outside the faults: false-alarm events per day, and the
+    precision of the alarms.
+    """
     report = evaluate(
         model,
         data,

@@ -7,17 +7,24 @@ from typing import Annotated
 
 import typer
 
-from app.cli.root import cli, db_cli
 from app.settings import load_settings
 from app.storage import migrations
 
 
-@cli.command("serve")
 def serve_command(
-    host: Annotated[str | None, typer.Option(help="Interface to bind [TWINWATCH_HOST].")] = None,
-    port: Annotated[int | None, typer.Option(help="Port to bind [TWINWATCH_PORT].")] = None,
+    host: Annotated[
+        str | None,
+        typer.Option(help="Interface to bind (default: TWINWATCH_HOST, else 127.0.0.1)."),
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(help="Port to bind (default: TWINWATCH_PORT, else 8000).")
+    ] = None,
 ) -> None:
-    """Run the service: one uvicorn worker holding every stream's state."""
+    """Run the service: the HTTP API, /docs and /metrics.
+
+    One uvicorn worker holds every stream's state; the rest of its settings come from the
+    TWINWATCH_* environment variables (see the README).
+    """
     import uvicorn
 
     from app.main import create_app
@@ -40,30 +47,31 @@ def serve_command(
     )
 
 
-@db_cli.command("upgrade")
 def db_upgrade_command(
-    revision: Annotated[str, typer.Argument(help="Target revision.")] = "head",
+    revision: Annotated[
+        str, typer.Argument(help="Revision to migrate to; head is the newest.")
+    ] = "head",
 ) -> None:
-    """Migrate the database [TWINWATCH_DATABASE_URL] up to REVISION (default: head)."""
+    """Migrate the database (TWINWATCH_DATABASE_URL) up to REVISION."""
     settings = load_settings()
     settings.prepare_directories()
     migrations.upgrade(settings.database_url, revision)
     typer.echo(f"database at {_describe(migrations.current(settings.database_url))}")
 
 
-@db_cli.command("downgrade")
 def db_downgrade_command(
-    revision: Annotated[str, typer.Argument(help="Target revision ('base' empties it).")],
+    revision: Annotated[
+        str, typer.Argument(help="Revision to migrate to; base removes the whole schema.")
+    ],
 ) -> None:
-    """Migrate the database down to REVISION."""
+    """Migrate the database (TWINWATCH_DATABASE_URL) down to REVISION."""
     settings = load_settings()
     migrations.downgrade(settings.database_url, revision)
     typer.echo(f"database at {_describe(migrations.current(settings.database_url))}")
 
 
-@db_cli.command("current")
 def db_current_command() -> None:
-    """Print the database's revision and whether it is the newest."""
+    """Print the database's revision (TWINWATCH_DATABASE_URL) and whether it is the newest."""
     settings = load_settings()
     revisions = migrations.current(settings.database_url)
     head = migrations.head()

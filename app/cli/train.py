@@ -13,7 +13,6 @@ import numpy as np
 import typer
 from tqdm import tqdm
 
-from app.cli.root import cli
 from app.errors import ArtifactError, DataError
 from app.forecasting.artifacts import MANIFEST_FILE, save_model
 from app.forecasting.base import Forecaster
@@ -97,8 +96,8 @@ def _span(values: tuple[float, float] | None, mean: float, std: float) -> str:
 def input_ranges(
     target: np.ndarray, train_end: int, mean: float, std: float
 ) -> tuple[dict[str, Any], list[str]]:
-    """The SPEC's range check: the test inputs beside the training inputs, raw and in the
-    training z-units a globally normalised model sees. Returns (manifest entry, lines)."""
+    """The test inputs beside the training inputs, raw and in the training z-units a globally
+    normalised model sees: whether a model must extrapolate. Returns (manifest entry, lines)."""
     train = value_range(target[:train_end])
     test_values = target[train_end : train_end + TEST_SAMPLES]
     test = value_range(test_values) if test_values.size else None
@@ -140,38 +139,68 @@ def _print_metrics(metrics: dict[str, Any]) -> None:
         )
 
 
-@cli.command("train")
 def train_command(
-    data: Annotated[Path, typer.Option("--data", help="CSV with t,value[,reference,...].")],
-    train_end: Annotated[
-        int, typer.Option("--train-end", help="Train on samples [0, train-end) only.")
+    data: Annotated[
+        Path,
+        typer.Option(
+            "--data", help="CSV t,value[,reference,...]: one row per sample, uniformly spaced."
+        ),
     ],
-    out: Annotated[Path, typer.Option("--out", help="Model directory to write.")],
-    kind: Annotated[Kind, typer.Option(help="Forecaster to train.")] = Kind.LSTM,
-    horizon: Annotated[int, typer.Option(help="Steps ahead forecast directly.")] = 1,
+    train_end: Annotated[
+        int,
+        typer.Option(
+            "--train-end",
+            help="Train on samples 0 .. TRAIN_END-1 only; the model sees no later one.",
+        ),
+    ],
+    out: Annotated[
+        Path, typer.Option("--out", help="Model directory to write (models/NAME to serve it).")
+    ],
+    kind: Annotated[Kind, typer.Option(help="Forecaster to train (listed above).")] = Kind.LSTM,
+    horizon: Annotated[
+        int, typer.Option(help="Samples ahead the model forecasts directly (1: the next one).")
+    ] = 1,
     window: Annotated[
         int | None,
         typer.Option(
             help=f"Readings per input window (default 64; lstm-stateful {STATEFUL_WINDOW}, "
-            "the warm-up of its offline forecasts)."
+            "the readings it steps through before its first forecast)."
         ),
     ] = None,
     channels: Annotated[
-        str, typer.Option(help="Comma-separated columns; the first is forecast.")
+        str,
+        typer.Option(help="Comma-separated CSV columns the model reads; the first is forecast."),
     ] = VALUE_COLUMN,
     epochs: Annotated[
         int | None,
         typer.Option(
             help=f"Training epochs (default {TrainingConfig.epochs}; lstm-stateful "
-            f"{STATEFUL_TRAINING.epochs}, stopping early on the validation tail)."
+            f"{STATEFUL_TRAINING.epochs}, stopping after {STATEFUL_TRAINING.patience} epochs "
+            "without a better validation loss)."
         ),
     ] = None,
     seed: Annotated[int, typer.Option(help="Seed of weights, dropout and shuffling.")] = 0,
-    validation: Annotated[
-        int, typer.Option(help="Origins carved from the end of the training period.")
+    validation_samples: Annotated[
+        int,
+        typer.Option(
+            help="Forecast origins at the end of the training period kept out of the fit to "
+            "pick the best epoch."
+        ),
     ] = TrainingConfig.validation,
 ) -> None:
-    """Train a forecaster on the start of a record; pick epochs on its validation tail."""
+    """Train a forecaster on the start of a record and save it as a model directory.
+
+    Forecasters (--kind):
+    lstm: an LSTM on each window's changes from its last reading;
+    lstm-global: an LSTM on readings scaled by the training mean and std (it fails once the level
+    leaves the training range);
+    lstm-stateful: an LSTM carried one step per reading, like the service's default model;
+    linear-ar: a linear autoregression on the window.
+
+    The best epoch is picked on the last --validation-samples forecast origins before
+    --train-end; the samples after it (up to 1,000) give a test RMSE beside the naive forecast's.
+    Thresholds come afterwards, from twinwatch calibrate.
+    """
     if horizon < 1:
         raise DataError(f"--horizon must be at least 1, got {horizon}")
     if window is None:
@@ -192,7 +221,7 @@ def train_command(
         recipe,
         epochs=recipe.epochs if epochs is None else epochs,
         seed=seed,
-        validation=validation,
+        validation=validation_samples,
     )
     forecaster = build(kind, window=window, horizon=horizon, n_channels=len(names), training=config)
     mean, std = training_statistics(matrix[:train_end])
@@ -214,7 +243,7 @@ def train_command(
     else:
         forecaster.fit(matrix, train_end=train_end)
     seconds = time.perf_counter() - started
-    metrics = holdout_metrics(forecaster, matrix, train_end, validation=validation)
+    metrics = holdout_metrics(forecaster, matrix, train_end, validation=validation_samples)
     _print_metrics(metrics)
     save_model(
         forecaster,

@@ -9,8 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from app.cli.root import cli
-from app.cli.simulate import resolve_faults
+from app.cli.simulate import FAULTS_HELP, resolve_faults
 from app.settings import load_settings
 from app.twin.client import (
     DEFAULT_MAX_BATCH,
@@ -35,15 +34,16 @@ def _alarm_line(alarm: dict[str, Any], sample_of: dict[datetime, int], opened: b
     )
 
 
-@cli.command("twin")
 def twin_command(
-    url: Annotated[str, typer.Option(help="The service's base URL.")] = DEFAULT_URL,
-    stream: Annotated[str, typer.Option(help="Stream id to create (or continue).")] = "twin",
-    rate: Annotated[float, typer.Option(help="Readings per second of machine time.")] = 10.0,
-    speed: Annotated[float, typer.Option(help="Machine time per wall-clock second.")] = 1.0,
-    faults: Annotated[
-        str | None, typer.Option(help="'lab' for the lab's four faults, or a JSON schedule.")
-    ] = None,
+    url: Annotated[str, typer.Option(help="Base URL of the twinwatch service.")] = DEFAULT_URL,
+    stream: Annotated[
+        str, typer.Option(help="Stream id to create, or to continue after its last reading.")
+    ] = "twin",
+    rate: Annotated[float, typer.Option(help="Readings per second of machine time (Hz).")] = 10.0,
+    speed: Annotated[
+        float, typer.Option(help="Machine seconds per wall-clock second (1: real time).")
+    ] = 1.0,
+    faults: Annotated[str | None, typer.Option(help=FAULTS_HELP)] = None,
     seed: Annotated[int, typer.Option(help="Random seed of the machine's noise.")] = 0,
     start: Annotated[int, typer.Option(help="First sample of the run to send.")] = 0,
     samples: Annotated[
@@ -51,21 +51,31 @@ def twin_command(
     ] = 8000,
     token: Annotated[
         str | None,
-        typer.Option(envvar="TWINWATCH_API_TOKEN", help="Bearer token of the service."),
+        typer.Option(envvar="TWINWATCH_API_TOKEN", help="Bearer token for the service's writes."),
     ] = None,
     model: Annotated[
-        str | None, typer.Option(help="Model of a new stream (default: the service's).")
+        str | None,
+        typer.Option(help="Model of the stream if the twin creates it (default: the service's)."),
     ] = None,
     max_batch: Annotated[
-        int, typer.Option(help="Most readings per request when catching up.")
+        int, typer.Option(help="Most readings in one request when the twin catches up.")
     ] = DEFAULT_MAX_BATCH,
-    retries: Annotated[
-        int, typer.Option(help="Attempts per request on network errors and 5xx.")
-    ] = 8,
-    loop: Annotated[bool, typer.Option(help="Start over after the last sample, forever.")] = False,
+    attempts: Annotated[
+        int,
+        typer.Option(
+            help="Tries per request, the first included, on network errors, timeouts, 429 and "
+            f"5xx answers, {Retry.first_s:g} s apart doubling to {Retry.max_delay_s:g} s."
+        ),
+    ] = Retry.attempts,
+    loop: Annotated[
+        bool, typer.Option(help="Start the run over after its last sample, until stopped.")
+    ] = False,
 ) -> None:
-    """Run the built-in digital twin and post its readings (with the healthy reference sensor)
-    to a twinwatch service, in real time or accelerated; Ctrl-C or SIGTERM stops it cleanly."""
+    """Run the built-in digital twin and post its readings to a twinwatch service.
+
+    Each reading carries the twin's healthy reference sensor; readings go out when they are due,
+    in real time or accelerated (--speed). Ctrl-C or SIGTERM stops it cleanly.
+    """
     scenario = build_scenario(seed, start, samples, resolve_faults(faults))
     timeline = Timeline(samples=scenario.samples, rate_hz=rate, speed=speed, loop=loop)
     stop, abort = threading.Event(), threading.Event()
@@ -97,7 +107,7 @@ def twin_command(
             timeline,
             stop=stop,
             abort=abort,
-            retry=Retry(attempts=max(1, retries)),
+            retry=Retry(attempts=max(1, attempts)),
             max_batch=max_batch,
             model=model,
             on_batch=on_batch,
@@ -112,21 +122,27 @@ def twin_command(
     )
 
 
-@cli.command("demo")
 def demo_command(
-    speed: Annotated[float, typer.Option(help="Machine time per wall-clock second.")] = 3.0,
-    port: Annotated[int, typer.Option(help="Loopback port of the service (0: any free).")] = 0,
-    keep: Annotated[
+    speed: Annotated[
+        float, typer.Option(help="Machine seconds per wall-clock second (1: real time).")
+    ] = 3.0,
+    port: Annotated[int, typer.Option(help="Loopback port of the service (0: any free port).")] = 0,
+    keep_database: Annotated[
         bool, typer.Option(help="Keep the temporary SQLite database and print its path.")
     ] = False,
-    out: Annotated[Path, typer.Option(help="Directory for the figure.")] = Path("out/demo"),
-    start: Annotated[int, typer.Option(help="First sample of the lab run to send.")] = 6800,
-    samples: Annotated[
-        int, typer.Option(help="Samples to send (of the 8,000-sample lab run).")
-    ] = 1200,
+    out: Annotated[Path, typer.Option(help="Directory for the PNG of the run.")] = Path("out/demo"),
+    start: Annotated[
+        int, typer.Option(help="First sample to send of the twin's 8,000-sample run.")
+    ] = 6800,
+    samples: Annotated[int, typer.Option(help="Samples to send, 0.1 s apart.")] = 1200,
 ) -> None:
-    """The service on a temporary SQLite database and the twin with the lab's four faults,
-    accelerated, with a live view; ends with what caught each fault and a PNG of the run."""
+    """Run the service and the built-in twin together, with a live view of the alarms.
+
+    The service runs on a temporary SQLite database; the twin sends part of a run holding the
+    four built-in faults (spike, sensor offset, excitation, stuck sensor; see twinwatch simulate
+    --help), faster than real time. At the end: which detectors caught each fault, how fast, and
+    a PNG of the run.
+    """
     from rich.console import Console
 
     from app.twin.demo import run_demo
@@ -139,5 +155,5 @@ def demo_command(
         speed=speed,
         start=start,
         samples=samples,
-        keep=keep,
+        keep=keep_database,
     )

@@ -320,7 +320,7 @@ class DemoResult:
     catches: list[FaultCatch]
     false_alarms: list[AlarmSpan]
     figure: Path
-    data_dir: Path | None  # kept with --keep
+    data_dir: Path | None  # kept with --keep-database
 
 
 def _thresholds(client: ServiceClient, model: str) -> MonitorConfig:

@@ -246,7 +246,9 @@ def test_an_unreachable_service_is_a_one_line_error_after_bounded_retries() -> N
     with socket.socket() as sock:  # a loopback port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    process = twin_process("--url", f"http://127.0.0.1:{port}", "--samples", "10", "--retries", "2")
+    process = twin_process(
+        "--url", f"http://127.0.0.1:{port}", "--samples", "10", "--attempts", "2"
+    )
     output, _ = process.communicate(timeout=60)
     assert process.returncode == 2
     assert "error: GET stream twin failed 2 times, last with ConnectError" in output

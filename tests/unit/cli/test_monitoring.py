@@ -10,6 +10,7 @@ import pytest
 from app.cli import main
 from app.forecasting.artifacts import load_model, save_model
 from app.forecasting.linear_ar import LinearAR
+from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.monitor import MonitorConfig
 from app.series import Series, read_csv, write_csv
 from app.simulation.twin import simulate_series
@@ -54,10 +55,12 @@ def test_calibrate_writes_thresholds_into_the_manifest(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     args = ["calibrate", "--model", str(model), "--data", str(data_dir / "twin_seed0.csv")]
-    code, out, err = run([*args, "--holdout", "6000:7000"], monkeypatch, capsys)
+    args += ["--holdout", "6000:7000", "--open-after", "2", "--open-window", "3"]
+    code, out, err = run(args, monkeypatch, capsys)
     assert code == 0, err
     assert "wrote the thresholds" in out
     config = MonitorConfig.from_manifest(load_model(model).manifest)
+    assert config.alarm == AlarmPolicy(k=2, n=3, m=20)
     assert set(config.thresholds()) == {"point", "rolling_rms", "variance_floor", "cusum", "level"}
     assert config.calibration["holdout"]["start"] == 6000
     assert config.calibration["holdout"]["stop"] == 7000
@@ -71,7 +74,7 @@ def test_calibrate_for_a_rate_says_what_the_holdout_supports(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     args = ["calibrate", "--model", str(model), "--data", str(data_dir / "twin_seed0.csv")]
-    args += ["--holdout", "6000:8000", "--false-alarms-per-day", "1", "--k", "1", "--m", "30"]
+    args += ["--holdout", "6000:8000", "--false-alarms-per-day", "1", "--close-after", "30"]
     code, out, err = run(args, monkeypatch, capsys)
     assert code == 0, err
     assert "resolves rates down to" in out and "generalised Pareto" in out
@@ -177,6 +180,7 @@ def bad_inputs(tmp_path: Path, data_dir: Path) -> dict[str, Path]:
 EVALUATE = ["evaluate", "monitor", "--model", "{model}", "--json", "{out}"]
 CALIBRATE = ["calibrate", "--model", "{model}"]
 RATE = ["--false-alarms-per-day"]
+OPEN = ["--open-after"]
 
 
 @pytest.mark.parametrize(
@@ -188,7 +192,8 @@ RATE = ["--false-alarms-per-day"]
         ([*CALIBRATE, "--data", "{clean}", "--holdout", "6000:9000"], "runs past the end"),
         ([*CALIBRATE, "--data", "{clean}", "--holdout", "5000:7000"], "trained on"),
         ([*CALIBRATE, "--data", "{short}", "--holdout", "all"], "need at least"),
-        ([*CALIBRATE, "--data", "{clean}", "--holdout", "6000:7000", "--k", "3"], "cannot exceed"),
+        ([*CALIBRATE, "--data", "{clean}", "--holdout", "6000:7000", *OPEN, "3"], "cannot exceed"),
+        ([*CALIBRATE, "--data", "{clean}", "--holdout", "6000:7000", *OPEN, "0"], "at least 1"),
         ([*CALIBRATE, "--data", "{clean}", "--holdout", "6000:7000", *RATE, "-1"], "positive"),
         ([*EVALUATE, "--data", "{lab}", "--faults", "{missing}"], "no such file"),
         ([*EVALUATE, "--data", "{lab}", "--faults", "{broken}"], "not valid JSON"),

@@ -45,7 +45,7 @@ def test_trains_an_lstm_prints_its_progress_and_saves_it(
     out = tmp_path / "models" / "tiny"
     args = ["--data", str(path), "--train-end", "1000", "--window", "16", "--epochs", "2"]
     code, stdout, stderr = run(
-        [*args, "--validation", "100", "--out", str(out)], monkeypatch, capsys
+        [*args, "--validation-samples", "100", "--out", str(out)], monkeypatch, capsys
     )
     assert code == 0, stderr
     assert "training inputs 0..999" in stdout
@@ -68,7 +68,9 @@ def test_trains_an_lstm_prints_its_progress_and_saves_it(
     assert manifest["training"]["history"]["epochs_run"] == 2
     # Retraining into the same model directory replaces the model.
     code, _, stderr = run(
-        [*args, "--validation", "100", "--seed", "1", "--out", str(out)], monkeypatch, capsys
+        [*args, "--validation-samples", "100", "--seed", "1", "--out", str(out)],
+        monkeypatch,
+        capsys,
     )
     assert code == 0, stderr
     assert load_model(out).manifest["config"]["training"]["seed"] == 1

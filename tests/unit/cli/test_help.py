@@ -1,0 +1,72 @@
+"""Every command's help stands alone: it says what the command does without internal documents,
+and every option and argument is explained."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import typer
+from typer.core import TyperCommand, TyperGroup
+from typer.testing import CliRunner
+
+from app.cli import cli
+
+JARGON = ("SPEC", "lab's", "the lab")
+
+
+def walk(group: TyperGroup, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """The path of every command and group under `group`, `group` itself first."""
+    yield path
+    for name, command in group.commands.items():
+        if isinstance(command, TyperGroup):
+            yield from walk(command, (*path, name))
+        else:
+            yield (*path, name)
+
+
+ROOT = typer.main.get_command(cli)
+assert isinstance(ROOT, TyperGroup)
+PATHS = list(walk(ROOT))
+
+
+def command_at(path: tuple[str, ...]) -> TyperCommand | TyperGroup:
+    command: TyperCommand | TyperGroup = ROOT
+    for name in path:
+        assert isinstance(command, TyperGroup)
+        command = command.commands[name]
+    return command
+
+
+def test_every_command_is_reachable() -> None:
+    assert {" ".join(path) for path in PATHS} >= {
+        "simulate",
+        "train",
+        "calibrate",
+        "evaluate forecast",
+        "evaluate monitor",
+        "serve",
+        "twin",
+        "demo",
+        "db upgrade",
+        "db downgrade",
+        "db current",
+    }
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda path: " ".join(path) or "twinwatch")
+def test_help_names_no_internal_document(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(cli, [*path, "--help"], env={"COLUMNS": "100"})
+    assert result.exit_code == 0, result.output
+    command = command_at(path)
+    texts = [command.help or "", *(getattr(param, "help", None) or "" for param in command.params)]
+    for word in JARGON:
+        assert all(word not in text for text in [result.output, *texts]), word
+
+
+@pytest.mark.parametrize("path", PATHS, ids=lambda path: " ".join(path) or "twinwatch")
+def test_every_option_and_argument_has_help(path: tuple[str, ...]) -> None:
+    command = command_at(path)
+    assert command.help, "the command itself"
+    for param in command.params:
+        assert getattr(param, "help", None), f"{param.name} has no help"
