@@ -178,6 +178,28 @@ def holdout_statistics(
     return config, statistics
 
 
+def margin_threshold(kind: str, statistic: FloatArray, sigma: float, margins: Margins) -> float:
+    """One detector's threshold at its margin on the hold-out statistic (NaN: none)."""
+    scale = {
+        "rolling_rms": margins.rms_factor,
+        "cusum": margins.cusum_factor,
+        "level": margins.level_factor,
+        "mahalanobis": margins.mahalanobis_factor,
+    }
+    if kind == "point":
+        threshold = margins.point_sigmas * sigma
+    elif kind == "variance_floor":
+        threshold = margins.floor_factor * float(np.nanmin(statistic))
+    else:
+        threshold = scale[kind] * float(np.nanmax(statistic))
+    if not threshold > 0:
+        raise DataError(
+            f"the hold-out gives the {kind} detector a threshold of {threshold}; "
+            "is the hold-out constant?"
+        )
+    return threshold
+
+
 def calibrate_margins(
     holdout: HoldOut,
     settings: DetectorSettings | None = None,
@@ -188,27 +210,14 @@ def calibrate_margins(
     margins = margins or Margins()
     placeholder, statistics = holdout_statistics(holdout, settings)
     sigma = _sigma(holdout)
-    scale = {
-        "rolling_rms": margins.rms_factor,
-        "cusum": margins.cusum_factor,
-        "level": margins.level_factor,
-        "mahalanobis": margins.mahalanobis_factor,
-    }
-    detectors: list[DetectorConfig] = []
-    for config in placeholder.detectors:
-        values = statistics[config.kind]
-        if config.kind == "point":
-            threshold = margins.point_sigmas * sigma
-        elif config.kind == "variance_floor":
-            threshold = margins.floor_factor * float(np.nanmin(values))
-        else:
-            threshold = scale[config.kind] * float(np.nanmax(values))
-        if not threshold > 0:
-            raise DataError(
-                f"the hold-out gives the {config.kind} detector a threshold of {threshold}; "
-                "is the hold-out constant?"
-            )
-        detectors.append(config.model_copy(update={"threshold": threshold}))
+    detectors = [
+        config.model_copy(
+            update={
+                "threshold": margin_threshold(config.kind, statistics[config.kind], sigma, margins)
+            }
+        )
+        for config in placeholder.detectors
+    ]
     calibration = {
         "method": "margins",
         "margins": {

@@ -158,7 +158,9 @@ def assert_resends_are_idempotent(
 
 
 @contextmanager
-def transaction_blocker(backend: str, database_url: str) -> Iterator[Callable[[], None]]:
+def transaction_blocker(
+    backend: str, database_url: str, *, stream: str = STREAM
+) -> Iterator[Callable[[], None]]:
     """Hold a lock the next ingest's transaction needs; yield a wait until it is stuck on it.
 
     SQLite: the database's write lock, so the ingest processes its batch and then waits at its
@@ -184,7 +186,7 @@ def transaction_blocker(backend: str, database_url: str) -> Iterator[Callable[[]
         with engine.connect() as holder:
             holder.execute(
                 text("SELECT id FROM streams WHERE id = :s FOR UPDATE"),
-                {"s": STREAM},
+                {"s": stream},
             )
             me = holder.execute(text("SELECT pg_backend_pid()")).scalar_one()
 

@@ -31,7 +31,7 @@ def known_holdout() -> np.ndarray:
 def test_margins_reproduce_the_lab_rules_on_a_known_holdout() -> None:
     r = known_holdout()
     gaps = 0.1 * np.where(np.arange(1000) % 3 == 0, 1.0, 0.0)
-    config = calibrate_margins(HoldOut(r, gaps, {"rows": "0:1000"}))
+    config = calibrate_margins(HoldOut(r, gaps, description={"rows": "0:1000"}))
     thresholds = config.thresholds()
     assert thresholds["point"] == pytest.approx(4 * np.std(r))
     # RMS over 50 is largest on windows holding the 3: sqrt((49 + 9) / 50).

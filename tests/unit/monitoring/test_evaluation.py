@@ -6,24 +6,49 @@ import numpy as np
 import pytest
 
 from app.forecasting.artifacts import load_model
+from app.forecasting.base import Forecaster
 from app.forecasting.linear_ar import LinearAR
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.calibration import HoldOut, calibrate_margins
 from app.monitoring.evaluation import (
     MonitoredRecord,
     incidents,
-    monitor_record,
     normal_day_false_alarms,
-    record_inputs,
     score_faults,
+    stream_record,
 )
-from app.monitoring.monitor import MonitorConfig, PointConfig
+from app.monitoring.monitor import Monitor, MonitorConfig, PointConfig
 from app.monitoring.plots import plot_record
+from app.monitoring.workflow import WATCH_ONLY
 from app.series import Series
 from app.simulation.faults import LAB_FAULTS, Fault, FaultType, load_schedule
 
 Lab = tuple[MonitorConfig, MonitoredRecord, list[Fault]]
 MODELS = Path(__file__).parents[3] / "models"
+
+
+def monitor_record(config: MonitorConfig, residuals: np.ndarray) -> MonitoredRecord:
+    """The monitor over given residuals, as a record."""
+    monitor = Monitor(config)
+    state = monitor.new_state()
+    block = monitor.advance([state], residuals[None], None, first_samples=[0])
+    statistics = {kind: values[0] for kind, values in block.statistics.items()}
+    return MonitoredRecord(
+        residuals=residuals,
+        inputs=residuals,
+        reference_gaps=None,
+        statistics=statistics,
+        exceeded={d.kind: d.exceeds(statistics[d.kind]) for d in monitor.detectors},
+        events=block.closed.get(0, []) + monitor.open_events(state),
+    )
+
+
+def lab_thresholds(forecaster: Forecaster, series: Series) -> MonitorConfig:
+    """Margins on the lab's hold-out 6000..6999, as `twinwatch calibrate` computes them."""
+    inputs = stream_record(
+        forecaster, WATCH_ONLY, series.head(7000), ["value"], sample_period_s=0.1
+    )
+    return calibrate_margins(HoldOut(inputs.inputs, inputs.reference_gaps, 6000, 7000))
 
 
 def test_counting_rules_detection_window_recovery_and_precision() -> None:
@@ -35,7 +60,7 @@ def test_counting_rules_detection_window_recovery_and_precision() -> None:
     residuals[[600, 700]] = 5.0  # two false alarms on normal samples
     residuals[50] = 5.0  # before scoring starts: ignored
     config = MonitorConfig(alarm=AlarmPolicy(m=10), detectors=[PointConfig(threshold=1.0)])
-    record = monitor_record(config, residuals, None)
+    record = monitor_record(config, residuals)
     report = score_faults(record, faults, score_from=100, sample_period_s=0.1)
     point = report["faults"][0]["detectors"]["point"]
     assert point == {"events": 2, "alarm_samples": 3, "first_delay": 0}
@@ -48,7 +73,7 @@ def test_counting_rules_detection_window_recovery_and_precision() -> None:
 
 def test_a_missed_fault_has_no_delay() -> None:
     config = MonitorConfig(detectors=[PointConfig(threshold=1.0)])
-    record = monitor_record(config, np.zeros(500), None)
+    record = monitor_record(config, np.zeros(500))
     faults = [Fault(type=FaultType.OFFSET, start=200, end=300)]
     report = score_faults(record, faults, score_from=0, sample_period_s=0.1)
     assert report["faults"][0]["detectors"]["point"]["first_delay"] is None
@@ -67,20 +92,18 @@ def test_incidents_merge_overlapping_events_of_different_detectors() -> None:
 @pytest.fixture(scope="module")
 def lab_record(seed0: Series, seed0_lab: Series) -> Lab:
     forecaster = LinearAR().fit(seed0.matrix(["value"]), train_end=6000)
-    residuals, gaps = record_inputs(forecaster, seed0_lab, ["value"])
-    assert gaps is not None
-    config = calibrate_margins(HoldOut(residuals[6000:7000], gaps[6000:7000]))
-    return config, monitor_record(config, residuals, gaps), list(LAB_FAULTS)
+    config = lab_thresholds(forecaster, seed0_lab)
+    record = stream_record(forecaster, config, seed0_lab, ["value"], sample_period_s=0.1)
+    return config, record, list(LAB_FAULTS)
 
 
 def test_the_lab_scenario_with_the_default_model(seed0_lab: Series, data_dir: Path) -> None:
-    """SPEC section 5's lab table, with the shipped origin-6000 LSTM and the lab's margins."""
+    """The lab's four faults with the shipped LSTM (trained up to sample 6000), thresholds at
+    the default margins on hold-out 6000..6999."""
     loaded = load_model(MODELS / "lstm-seed0")
-    residuals, gaps = record_inputs(loaded.forecaster, seed0_lab, loaded.manifest["channels"])
-    assert gaps is not None
-    config = calibrate_margins(HoldOut(residuals[6000:7000], gaps[6000:7000]))
+    config = lab_thresholds(loaded.forecaster, seed0_lab)
     assert config.thresholds()["point"] == pytest.approx(0.525, rel=0.05)  # 4 sigma, sigma 0.131
-    record = monitor_record(config, residuals, gaps)
+    record = stream_record(loaded.forecaster, config, seed0_lab, ["value"], sample_period_s=0.1)
     faults = load_schedule(data_dir / "twin_seed0_lab_faults.faults.json")
     report = score_faults(record, faults, score_from=7000, sample_period_s=0.1)
     spike, offset, excitation, stuck = (f["detectors"] for f in report["faults"])
