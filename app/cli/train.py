@@ -18,7 +18,7 @@ from app.errors import ArtifactError, DataError
 from app.forecasting.artifacts import MANIFEST_FILE, save_model
 from app.forecasting.base import Forecaster
 from app.forecasting.linear_ar import LinearAR
-from app.forecasting.lstm import LSTMForecaster
+from app.forecasting.lstm import GlobalLSTMForecaster, LSTMForecaster
 from app.forecasting.normalisation import training_statistics
 from app.forecasting.stateful_lstm import (
     STATEFUL_TRAINING,
@@ -78,13 +78,8 @@ def build(
         return StatefulLSTMForecaster(
             window=window, horizon=horizon, n_channels=n_channels, training=training
         )
-    return LSTMForecaster(
-        window=window,
-        horizon=horizon,
-        n_channels=n_channels,
-        normalisation="global" if kind is Kind.LSTM_GLOBAL else "per_window",
-        training=training,
-    )
+    model = GlobalLSTMForecaster if kind is Kind.LSTM_GLOBAL else LSTMForecaster
+    return model(window=window, horizon=horizon, n_channels=n_channels, training=training)
 
 
 def _span(values: tuple[float, float] | None, mean: float, std: float) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 
 from app.forecasting.artifacts import save_model
 from app.forecasting.stateful_lstm import StatefulLSTMForecaster
-from app.forecasting.training import TrainingConfig, seeded
+from app.forecasting.training import TrainingConfig
 from app.monitoring.workflow import calibrate
 from app.series import Series, read_csv
 
@@ -48,9 +48,8 @@ def stateful_lab_model(models_dir: Path, name: str = "lstm-stateful-lab") -> Pat
     margins on hold-out 6000..6999 like `calibrated_lab_model`."""
     target = models_dir / name
     seed0 = read_csv(ROOT / "tests" / "data" / "twin_seed0.csv")
-    with seeded(0):
-        model = StatefulLSTMForecaster(training=STATEFUL_LAB_TRAINING)
-        model.fit(seed0.value[:, None], train_end=6000)
+    model = StatefulLSTMForecaster(training=STATEFUL_LAB_TRAINING)
+    model.fit(seed0.value[:, None], train_end=6000)
     save_model(
         model,
         target,
