@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from app.cli import evaluate_forecast as _evaluate_forecast  # noqa: F401  (registers commands)
+from app.cli import model as _model  # noqa: F401  (registers commands)
 from app.cli import monitoring as _monitoring  # noqa: F401  (registers commands)
 from app.cli import service as _service  # noqa: F401  (registers commands)
 from app.cli import simulate as _simulate  # noqa: F401  (registers commands)

@@ -446,9 +446,7 @@ def export_graph(directory: str | Path) -> LoadedModel:
     try:
         graph = forecaster.rebuild_graph()
     except ModuleNotFoundError as exc:
-        raise AppError(
-            f"exporting a graph needs torch, and {exc.name} is not installed: {TRAIN_EXTRA}"
-        ) from None
+        raise AppError(f"exporting a graph needs torch ({exc}): {TRAIN_EXTRA}") from None
     InferenceGraph(graph, forecaster.signature)  # refuse to write a graph that cannot serve
     manifest["graph_sha256"] = _sha256(graph)
     manifest["format_version"] = FORMAT_VERSION
