@@ -11,7 +11,6 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from tqdm import tqdm
 
 from app.cli.root import cli
 from app.errors import ArtifactError, DataError
@@ -113,6 +112,8 @@ def input_ranges(
 
 
 def _print_epoch(record: dict[str, float], epochs: int) -> None:
+    from tqdm import tqdm  # the train extra's, like the training it reports on
+
     tqdm.write(
         f"epoch {int(record['epoch']):>2}/{epochs}  train loss {record['train_loss']:.5f}  "
         f"val loss {record['val_loss']:.5f}  grad norm before clip: "

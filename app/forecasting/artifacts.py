@@ -34,7 +34,7 @@ from app.forecasting.baselines import Naive, SeasonalNaive
 from app.forecasting.graph import InferenceGraph
 from app.forecasting.linear_ar import LinearAR
 from app.forecasting.lstm import GlobalLSTMForecaster, LSTMForecaster
-from app.forecasting.neural import NeuralForecaster
+from app.forecasting.neural import TRAIN_EXTRA, NeuralForecaster
 from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.forecasting.training import TrainingConfig, best_epoch
 
@@ -45,7 +45,6 @@ GRAPH_FILE = "model.onnx"
 MANIFEST_FILE = "manifest.json"
 MODULE_PREFIX = "module."
 EXPORT_GRAPH_COMMAND = "twinwatch model export-graph"
-TRAIN_EXTRA = "pip install 'twinwatch[train]'"
 
 # Written by save_model from the forecaster itself; update_manifest may not change them.
 STRUCTURAL_KEYS = frozenset(
@@ -443,10 +442,7 @@ def export_graph(directory: str | Path) -> LoadedModel:
     if not isinstance(forecaster, NeuralForecaster):
         raise ArtifactError(f"{directory}: a {forecaster.kind} model forecasts without a graph")
     _restore(forecaster, arrays, None)
-    try:
-        graph = forecaster.rebuild_graph()
-    except ModuleNotFoundError as exc:
-        raise AppError(f"exporting a graph needs torch ({exc}): {TRAIN_EXTRA}") from None
+    graph = forecaster.rebuild_graph()
     InferenceGraph(graph, forecaster.signature)  # refuse to write a graph that cannot serve
     manifest["graph_sha256"] = _sha256(graph)
     manifest["format_version"] = FORMAT_VERSION

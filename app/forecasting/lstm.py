@@ -88,6 +88,7 @@ class LSTMForecaster(NeuralForecaster):
         progress: bool = False,
         on_epoch: EpochCallback | None = None,
     ) -> Self:
+        self._require_torch()
         from app.forecasting import networks
 
         data, end = training_part(series, train_end, n_channels=self.n_channels)

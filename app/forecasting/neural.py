@@ -15,12 +15,23 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
+from app.errors import AppError
 from app.forecasting.base import Forecaster
 from app.forecasting.graph import GraphSignature, InferenceGraph
 from app.forecasting.training import TrainingConfig
 
 if TYPE_CHECKING:
     from app.forecasting.networks import LSTMNetwork
+
+TRAIN_EXTRA = "pip install 'twinwatch[train]'"
+
+
+def require_torch(purpose: str) -> None:
+    """An AppError saying how to get torch, where it is missing (the plain install)."""
+    try:
+        import torch  # noqa: F401
+    except ModuleNotFoundError as exc:
+        raise AppError(f"{purpose} needs torch ({exc}): {TRAIN_EXTRA}") from None
 
 
 def network_shapes(
@@ -121,6 +132,9 @@ class NeuralForecaster(Forecaster):
     @abstractmethod
     def _export(self, network: LSTMNetwork) -> bytes: ...
 
+    def _require_torch(self) -> None:
+        require_torch(f"training a {self.kind} model")
+
     def _adopt(self, network: LSTMNetwork) -> None:
         """Forecast from now on with the trained network's exported graph."""
         from app.forecasting import networks
@@ -130,6 +144,7 @@ class NeuralForecaster(Forecaster):
 
     def rebuild_graph(self) -> bytes:
         """Export the graph again from `weights_` (artifacts written before graphs were)."""
+        require_torch("exporting a graph")
         from app.forecasting import networks
 
         if not hasattr(self, "weights_"):

@@ -108,6 +108,7 @@ class StatefulLSTMForecaster(NeuralForecaster):
         progress: bool = False,
         on_epoch: EpochCallback | None = None,
     ) -> Self:
+        self._require_torch()
         from app.forecasting import networks
 
         data, end = training_part(series, train_end, n_channels=self.n_channels)

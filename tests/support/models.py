@@ -12,10 +12,11 @@ from app.forecasting.artifacts import save_model
 from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.forecasting.training import TrainingConfig
 from app.monitoring.workflow import calibrate
+from app.registry import SHIPPED_MODELS_DIR
 from app.series import Series, read_csv
 
 ROOT = Path(__file__).resolve().parents[2]
-LAB_MODEL = ROOT / "models" / "lstm-seed0"  # trained on seed 0 up to sample 6000
+LAB_MODEL = SHIPPED_MODELS_DIR / "lstm-seed0"  # trained on seed 0 up to sample 6000
 LAB_CSV = ROOT / "tests" / "data" / "twin_seed0_lab_faults.csv"
 
 

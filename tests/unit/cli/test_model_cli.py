@@ -10,8 +10,9 @@ import pytest
 from app.cli import main
 from app.forecasting.artifacts import GRAPH_FILE, MANIFEST_FILE, load_model, save_model
 from app.forecasting.baselines import Naive
+from app.registry import SHIPPED_MODELS_DIR
 
-SHIPPED = Path(__file__).parents[3] / "models" / "lstm-seed0"
+SHIPPED = SHIPPED_MODELS_DIR / "lstm-seed0"
 
 
 def run(
@@ -56,7 +57,7 @@ def test_export_graph_gives_an_old_artifact_the_shipped_graph(
 def test_export_graph_without_torch_says_what_to_install(
     graphless: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setitem(sys.modules, "app.forecasting.networks", None)  # as if torch were absent
+    monkeypatch.setitem(sys.modules, "torch", None)  # as if torch were not installed
     code, _, err = run(["export-graph", str(graphless)], monkeypatch, capsys)
     assert code == 2
     assert "needs torch" in err and "twinwatch[train]" in err
