@@ -22,7 +22,6 @@ from rich.progress import (
 
 from app.cli.root import evaluate_cli
 from app.errors import DataError
-from app.forecasting import report
 from app.forecasting.stateful_lstm import STATEFUL_TRAINING
 from app.forecasting.training import TrainingConfig
 from app.forecasting.walkforward import (
@@ -154,6 +153,8 @@ def evaluate_forecast_command(
 ) -> None:
     """Walk-forward RMSE/MAE/MASE of naive, seasonal naive, linear AR, LSTM and stateful LSTM
     on the same targets; the global-z-score failure; recursive vs direct multi-step."""
+    from app.forecasting import report  # matplotlib: not at CLI start-up
+
     started = time.perf_counter()
     config = build_config(
         origins=parse_origins(origins),

@@ -15,7 +15,6 @@ from app.cli.root import cli, evaluate_cli
 from app.errors import DataError
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
-from app.monitoring.workflow import calibrate, evaluate
 
 ModelOption = Annotated[Path, typer.Option("--model", help="Model directory (models/NAME).")]
 DataOption = Annotated[Path, typer.Option("--data", help="CSV t,value[,reference].")]
@@ -58,6 +57,8 @@ def calibrate_command(
     m: Annotated[int, typer.Option("--m", help="Samples back inside that close it.")] = 20,
 ) -> None:
     """Set every detector's threshold from held-out normal data; store them in the manifest."""
+    from app.monitoring.workflow import calibrate  # scipy, matplotlib: not at CLI start-up
+
     config = calibrate(
         model,
         data,
@@ -117,6 +118,8 @@ def evaluate_monitor_command(
     sample_period: PeriodOption = None,
 ) -> None:
     """Detection delays, events, false alarms per day and precision on injected faults."""
+    from app.monitoring.workflow import evaluate  # scipy, matplotlib: not at CLI start-up
+
     report = evaluate(
         model,
         data,

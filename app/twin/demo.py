@@ -33,7 +33,6 @@ from app.errors import AppError
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.evaluation import DETECTION_MARGIN, RECOVERY, MonitoredRecord
 from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig, MonitorRun
-from app.monitoring.plots import plot_record
 from app.registry import model_directories
 from app.settings import Settings
 from app.simulation.faults import LAB_FAULTS, Fault
@@ -448,6 +447,8 @@ def run_demo(
             f"{len(wrong)}",
             highlight=False,
         )
+        from app.monitoring.plots import plot_record  # matplotlib, for this figure only
+
         figure = plot_record(
             recorder.monitored_record(),
             config,
