@@ -1,6 +1,7 @@
 # twinwatch: the service (default command) or the built-in twin (`twin ...`), one image.
-# Two stages: the build stage installs PyTorch's CPU wheel and the project into a venv; the
-# runtime stage copies the venv and the source tree, nothing else (no compilers, no pip cache).
+# Two stages: the build stage installs the plain package (no torch: serving runs the models'
+# ONNX graphs) into a venv; the runtime stage copies the venv, nothing else (no source tree, no
+# compilers, no pip cache). The migrations and the shipped models are inside the package.
 
 ARG PYTHON_IMAGE=python:3.11-slim
 
@@ -8,20 +9,14 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PATH=/opt/venv/bin:$PATH
-# torch first, exactly, from PyTorch's CPU index: the default index would pull the CUDA build
-# (gigabytes this service never uses).
-RUN python -m venv /opt/venv \
-    && pip install --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
-WORKDIR /opt/twinwatch
+RUN python -m venv /opt/venv
+WORKDIR /src
 # Dependencies before the code, so a code change does not reinstall them.
 COPY pyproject.toml README.md ./
 COPY app/__init__.py app/py.typed app/
 RUN pip install . && pip uninstall --yes twinwatch
 COPY app app
-COPY migrations migrations
-COPY alembic.ini ./
-# Editable: app.storage.migrations finds alembic.ini and migrations/ beside the source tree.
-RUN pip install --no-deps --editable .
+RUN pip install --no-deps .
 
 FROM ${PYTHON_IMAGE} AS runtime
 ENV PATH=/opt/venv/bin:$PATH \
@@ -30,15 +25,14 @@ ENV PATH=/opt/venv/bin:$PATH \
     TWINWATCH_HOST=0.0.0.0 \
     TWINWATCH_PORT=8000 \
     TWINWATCH_DATA_DIR=/var/lib/twinwatch \
+    # Your own models (mount them here), served beside the shipped ones.
     TWINWATCH_MODELS_DIR=/opt/twinwatch/models \
     TWINWATCH_MIGRATE_ON_START=false
 RUN useradd --system --uid 10001 --user-group --home-dir /var/lib/twinwatch --create-home \
     --shell /usr/sbin/nologin twinwatch
 COPY --from=build /opt/venv /opt/venv
-COPY --from=build /opt/twinwatch /opt/twinwatch
-COPY models /opt/twinwatch/models
 COPY deploy/docker-entrypoint.sh /usr/local/bin/docker-entrypoint.sh
-WORKDIR /opt/twinwatch
+WORKDIR /var/lib/twinwatch
 # Numeric, so the runtime can check it is not root without reading /etc/passwd.
 USER 10001:10001
 VOLUME ["/var/lib/twinwatch"]

@@ -24,7 +24,13 @@ from app.api.deps import AppState
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
 from app.forecasting.training import use_one_thread
 from app.metrics import Metrics
-from app.registry import ArtifactLoader, ModelRegistry, default_loader, load_models
+from app.registry import (
+    ArtifactLoader,
+    ModelRegistry,
+    default_loader,
+    load_models,
+    model_directories,
+)
 from app.schemas import ManyReadingsIn, ReadingsIn
 from app.settings import Settings
 from app.storage import migrations
@@ -74,7 +80,7 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
     try:
         database.ping()
         started_at = datetime.now(UTC)
-        registry = load_models(settings.models_dir, loaded_at=started_at, loader=loader)
+        registry = load_models(model_directories(settings), loaded_at=started_at, loader=loader)
         if settings.default_model not in registry:
             log.warning("default model %r is not loaded", settings.default_model)
         register_models(database, registry)
@@ -120,7 +126,7 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[LifespanState]:
         state = await anyio.to_thread.run_sync(open_state, settings, metrics, loader)
-        # Everything loaded so far (torch, models, the stream states) lives as long as the
+        # Everything loaded so far (the models, the stream states) lives as long as the
         # process: keep it out of the cyclic collector's full passes, which otherwise cost
         # a few hundred milliseconds in whichever request triggers one.
         gc.collect()

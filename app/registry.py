@@ -1,4 +1,5 @@
-"""The loaded forecasters: every artifact directory under `models_dir`, keyed by its name.
+"""The loaded forecasters: every artifact directory under the shipped models' directory and
+the configured one (`TWINWATCH_MODELS_DIR`), keyed by its name.
 
 Loading goes through a loader callable (by default `app.forecasting.artifacts.load_model`), so
 tests can build an app from tiny in-memory artifacts. A directory that fails to load is logged
@@ -11,7 +12,7 @@ import hashlib
 import json
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -19,8 +20,12 @@ from typing import Any, Protocol
 
 from app.errors import AppError, DataError
 from app.forecasting.base import Forecaster
+from app.settings import Settings
 
 log = logging.getLogger(__name__)
+
+SHIPPED_MODELS_DIR = Path(__file__).resolve().parent / "shipped_models"
+"""The trained models that travel inside the package (their provenance is in its README)."""
 
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
@@ -43,7 +48,7 @@ ArtifactLoader = Callable[[Path], Artifact]
 
 
 def default_loader(directory: Path) -> Artifact:
-    # Imported here: it pulls in torch, which only the serving process needs.
+    # Imported here: it pulls in ONNX Runtime, which only the serving process needs.
     from app.forecasting.artifacts import load_model
 
     return load_model(directory)
@@ -135,28 +140,50 @@ def register(artifact: Artifact, *, name: str, loaded_at: datetime) -> Registere
     )
 
 
+def model_directories(settings: Settings) -> list[Path]:
+    """Where the service loads models from, in order: the shipped models (unless switched
+    off), then `settings.models_dir` (if set), whose models replace shipped ones of the same
+    name."""
+    directories = [SHIPPED_MODELS_DIR] if settings.shipped_models else []
+    if settings.models_dir is not None:
+        directories.append(settings.models_dir)
+    return directories
+
+
 def load_models(
-    models_dir: Path, *, loaded_at: datetime, loader: ArtifactLoader = default_loader
+    directories: Path | Sequence[Path],
+    *,
+    loaded_at: datetime,
+    loader: ArtifactLoader = default_loader,
 ) -> ModelRegistry:
-    """Load every artifact directory under `models_dir` (hidden ones and files are skipped)."""
-    if not models_dir.is_dir():
-        log.warning("models directory %s does not exist: no model loaded", models_dir)
-        return ModelRegistry(errors={str(models_dir): "models directory does not exist"})
+    """Load every artifact directory under each of `directories` (hidden ones and files are
+    skipped). A name met again replaces what the earlier directory gave, loaded or not."""
     models: dict[str, RegisteredModel] = {}
     errors: dict[str, str] = {}
-    for directory in sorted(models_dir.iterdir()):
-        if not directory.is_dir() or directory.name.startswith((".", "_")):
+    sources: dict[str, Path] = {}
+    for models_dir in [directories] if isinstance(directories, Path) else directories:
+        if not models_dir.is_dir():
+            log.warning("models directory %s does not exist: no model loaded from it", models_dir)
+            errors[str(models_dir)] = "models directory does not exist"
             continue
-        name = directory.name
-        if not _NAME.fullmatch(name):
-            errors[name] = f"directory name must match {NAME_PATTERN}"
-            continue
-        try:
-            artifact = loader(directory)
-        except AppError as exc:
-            errors[name] = exc.detail
-            log.error("model %s not loaded: %s", name, exc.detail)
-            continue
-        models[name] = register(artifact, name=name, loaded_at=loaded_at)
-        log.info("loaded model %s (version %s)", name, models[name].version)
+        for directory in sorted(models_dir.iterdir()):
+            if not directory.is_dir() or directory.name.startswith((".", "_")):
+                continue
+            name = directory.name
+            if name in sources:
+                log.info("model %s of %s replaces that of %s", name, models_dir, sources[name])
+                models.pop(name, None)
+                errors.pop(name, None)
+            sources[name] = models_dir
+            if not _NAME.fullmatch(name):
+                errors[name] = f"directory name must match {NAME_PATTERN}"
+                continue
+            try:
+                artifact = loader(directory)
+            except AppError as exc:
+                errors[name] = exc.detail
+                log.error("model %s not loaded: %s", name, exc.detail)
+                continue
+            models[name] = register(artifact, name=name, loaded_at=loaded_at)
+            log.info("loaded model %s (version %s) from %s", name, models[name].version, models_dir)
     return ModelRegistry(models=models, errors=errors)

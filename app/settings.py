@@ -26,10 +26,17 @@ class Settings(BaseSettings):
         "",
         description="SQLAlchemy URL; empty means a SQLite file `twinwatch.db` under data_dir.",
     )
-    models_dir: Path = Field(Path("models"), description="One sub-directory per model artifact.")
+    models_dir: Path | None = Field(
+        None,
+        description="Your model artifacts, one sub-directory each, served beside the shipped "
+        "ones; a name in both is yours. Unset: the shipped models only.",
+    )
+    shipped_models: bool = Field(
+        True, description="Serve the models shipped with twinwatch (app/shipped_models/)."
+    )
     default_model: str = Field(
         "lstm-stateful-day-seed3",
-        description="Model of streams that name none (models/README.md).",
+        description="Model of streams that name none (app/shipped_models/README.md).",
     )
     api_token: SecretStr | None = Field(
         None, description="When set, write endpoints require `Authorization: Bearer <token>`."

@@ -1,12 +1,13 @@
 """Forecaster throughput, readings/s: window LSTM, stateful LSTM and linear AR side by side.
 
-One process, one torch/BLAS thread (`single_threaded`, as the service forecasts), the cases
+One process, one BLAS thread (`single_threaded`) and the models' single-threaded ONNX Runtime
+sessions, as the service forecasts; the cases
 interleaved round-robin `--repeats` times so drift on this shared machine hits all alike; the
 table shows the median and the best. A "batch" is what one call forecasts:
 
 - `lstm`, `linear-ar`: that many windows (W = 64) in one `predict`;
-- `lstm-stateful`: that many streams stepped together in one `step` (one reading each);
-- extras: the stateful model's `run` over one stream's 1,024 consecutive readings, 1,000
+- `lstm-stateful`: that many streams advanced together by one reading in one `advance`;
+- extras: the stateful model's `advance` over one stream's 1,024 consecutive readings, 1,000
   streams stepped one by one against together (issue 6 wants together >= 5x faster), and the
   stateful model's own `predict` (a 256-reading window from a zero state per forecast: what
   the service pays while the engine still forecasts windows).
@@ -14,7 +15,8 @@ table shows the median and the best. A "batch" is what one call forecasts:
 Beside each figure, the arithmetic limit: floating-point operations per reading counted from the
 architecture, against the single-thread float32 GEMM rate this machine achieves (a 1024^3
 `torch.mm`). The limit is what a perfect implementation of the same arithmetic could reach;
-the gap is per-call overhead (Python, torch dispatch, numpy conversions) and memory traffic.
+the gap is per-call overhead (Python, ONNX Runtime dispatch, numpy conversions) and memory
+traffic. torch is used for the GEMM reference only (the train extra).
 
     python bench/forecasters.py [--quick] [--json out.json]
 """
@@ -33,15 +35,16 @@ from typing import Any
 
 import numpy as np
 import torch
-from harness import ROOT, SHIPPED_STATEFUL, TRAIN_DATA, TRAIN_END, fit_stateful, machine_info
+from harness import SHIPPED_STATEFUL, TRAIN_DATA, TRAIN_END, fit_stateful, machine_info
 
 from app.forecasting.artifacts import load_model
 from app.forecasting.base import Forecaster
 from app.forecasting.linear_ar import LinearAR
 from app.forecasting.lstm import LSTMForecaster
-from app.forecasting.stateful_lstm import LSTMState, StatefulLSTMForecaster
+from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.forecasting.training import single_threaded
 from app.forecasting.windows import sliding_windows
+from app.registry import SHIPPED_MODELS_DIR
 from app.series import read_csv
 
 BATCHES = (1, 64, 1024)
@@ -142,13 +145,13 @@ class Models:
 def load_models(epochs: int) -> Models:
     """The service's default window LSTM, the shipped stateful model if there is one (else one
     fitted here for `epochs` epochs) and a linear AR fitted on the same samples."""
-    window = load_model(ROOT / "models" / WINDOW_MODEL).forecaster
+    window = load_model(SHIPPED_MODELS_DIR / WINDOW_MODEL).forecaster
     assert isinstance(window, LSTMForecaster)
-    shipped = ROOT / "models" / SHIPPED_STATEFUL
-    provenance = {"lstm": f"models/{WINDOW_MODEL}"}
+    shipped = SHIPPED_MODELS_DIR / SHIPPED_STATEFUL
+    provenance = {"lstm": f"app/shipped_models/{WINDOW_MODEL}"}
     if (shipped / "manifest.json").is_file():
         stateful = load_model(shipped).forecaster
-        provenance["lstm-stateful"] = f"models/{SHIPPED_STATEFUL}"
+        provenance["lstm-stateful"] = f"app/shipped_models/{SHIPPED_STATEFUL}"
     else:
         stateful = fit_stateful(epochs)
         provenance["lstm-stateful"] = f"fitted here, {epochs} epochs on {TRAIN_DATA.name}"
@@ -175,13 +178,15 @@ def predict_case(label: str, model: Forecaster, batch: int, flops_per_reading: i
 
 
 def step_case(model: StatefulLSTMForecaster, batch: int, label: str = "lstm-stateful") -> Case:
-    """`batch` streams stepped together, the state carried from call to call."""
-    values = stream_values(batch, 512)
-    holder: list[Any] = [model.initial_state(batch), 1]
+    """`batch` streams advanced together by one reading, the carry kept from call to call."""
+    values = stream_values(batch, 512)[:, :, None]
+    holder: list[Any] = [model.initial_carry(batch), 1]
 
     def call() -> None:
-        state, index = holder
-        _, holder[0] = model.step(state, values[:, index - 1], values[:, index])
+        carry, index = holder
+        _, holder[0] = model.advance(
+            values[:, index - 1 : index], values[:, index : index + 1], carry
+        )
         holder[1] = index + 1 if index + 1 < values.shape[1] else 1
 
     return Case("lstm-stateful", label, batch, batch, stateful_step_flops(model), call)
@@ -189,15 +194,17 @@ def step_case(model: StatefulLSTMForecaster, batch: int, label: str = "lstm-stat
 
 def one_by_one_case(model: StatefulLSTMForecaster, streams: int) -> Case:
     """The same streams, each stepped in its own call (what no cross-stream batching costs)."""
-    values = stream_values(streams, 512)
-    states: list[LSTMState] = [model.initial_state(1) for _ in range(streams)]
+    values = stream_values(streams, 512)[:, :, None]
+    carries = [model.initial_carry(1) for _ in range(streams)]
     position = [1]
 
     def call() -> None:
         index = position[0]
         for row in range(streams):
-            _, states[row] = model.step(
-                states[row], values[row, index - 1 : index], values[row, index : index + 1]
+            _, carries[row] = model.advance(
+                values[row : row + 1, index - 1 : index],
+                values[row : row + 1, index : index + 1],
+                carries[row],
             )
         position[0] = index + 1 if index + 1 < values.shape[1] else 1
 
@@ -207,15 +214,16 @@ def one_by_one_case(model: StatefulLSTMForecaster, streams: int) -> Case:
 
 
 def run_case(model: StatefulLSTMForecaster, readings: int) -> Case:
-    """One stream's `readings` consecutive readings in one `run` (sequential in time)."""
-    series = stream_values(1, readings + 1)[0]
+    """One stream's `readings` consecutive readings in one `advance` (sequential in time)."""
+    series = stream_values(1, readings + 1)[:, :, None]
+    carry = model.initial_carry(1)
     return Case(
         "lstm-stateful",
         "stateful run",
         1,
         readings,
         stateful_step_flops(model),
-        lambda: model.run(series),
+        lambda: model.advance(series[:, :1], series[:, 1:], carry),
     )
 
 

@@ -30,6 +30,7 @@ from sqlalchemy.engine import make_url
 from app.forecasting.artifacts import save_model
 from app.forecasting.stateful_lstm import STATEFUL_TRAINING, StatefulLSTMForecaster
 from app.monitoring.workflow import calibrate
+from app.registry import SHIPPED_MODELS_DIR
 from app.series import read_csv
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def calibrated_models(directory: Path) -> Path:
     """`directory/models` holding a copy of the default LSTM calibrated on the lab hold-out."""
     models = directory / "models"
     copy = models / DEFAULT_MODEL
-    shutil.copytree(ROOT / "models" / DEFAULT_MODEL, copy)
+    shutil.copytree(SHIPPED_MODELS_DIR / DEFAULT_MODEL, copy)
     calibrate(copy, LAB_DATA, LAB_HOLDOUT)
     return models
 
@@ -64,19 +65,19 @@ def fit_stateful(epochs: int = 2) -> StatefulLSTMForecaster:
 def stateful_model(models: Path, *, epochs: int = 2) -> tuple[str, str]:
     """Put a calibrated `lstm-stateful` model into `models`; returns (name, provenance).
 
-    models/lstm-stateful-day-seed3 when it exists (copied; calibrated on the lab hold-out only if
+    The shipped lstm-stateful-day-seed3 when it exists (copied; calibrated on the lab hold-out if
     its manifest has no thresholds), else a model fitted here for `epochs` epochs (seconds) and
     calibrated on the lab hold-out, like `calibrated_models` does for the window LSTM.
     """
     models.mkdir(parents=True, exist_ok=True)
-    shipped = ROOT / "models" / SHIPPED_STATEFUL
+    shipped = SHIPPED_MODELS_DIR / SHIPPED_STATEFUL
     if (shipped / "manifest.json").is_file():
         target = models / SHIPPED_STATEFUL
         if not target.exists():
             shutil.copytree(shipped, target)
             if "thresholds" not in json.loads((target / "manifest.json").read_text()):
                 calibrate(target, LAB_DATA, LAB_HOLDOUT)
-        return SHIPPED_STATEFUL, f"models/{SHIPPED_STATEFUL}"
+        return SHIPPED_STATEFUL, f"app/shipped_models/{SHIPPED_STATEFUL}"
     target = models / BENCH_STATEFUL
     if not target.exists():
         series = read_csv(TRAIN_DATA)

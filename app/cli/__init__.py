@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from app.cli import evaluate_forecast, monitoring, service, simulate, train, twin
+from app.cli import evaluate_forecast, model, monitoring, service, simulate, train, twin
 from app.errors import AppError
 
 __all__ = ["build_cli", "cli", "main"]
@@ -47,6 +47,10 @@ def build_cli() -> typer.Typer:
     db.command("downgrade")(service.db_downgrade_command)
     db.command("current")(service.db_current_command)
     root.add_typer(db)
+
+    models = _group("model", "Manage model artifacts.")
+    models.command("export-graph")(model.export_graph_command)
+    root.add_typer(models)
     return root
 
 

@@ -15,7 +15,6 @@ from app.errors import DataError
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.calibration import Margins
 from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
-from app.monitoring.workflow import calibrate, evaluate
 
 _MARGINS = Margins()
 DEFAULT_THRESHOLDS = (
@@ -101,6 +100,8 @@ def calibrate_command(
     the residuals there, either as a margin or for a target false-alarm rate. The alarm rule
     (--open-after, --open-window, --close-after) is stored with them.
     """
+    from app.monitoring.workflow import calibrate  # scipy, matplotlib: not at CLI start-up
+
     config = calibrate(
         model,
         data,
@@ -179,6 +180,8 @@ def evaluate_monitor_command(
     delay in samples. On the samples outside the faults: false-alarm events per day, and the
     precision of the alarms.
     """
+    from app.monitoring.workflow import evaluate  # scipy, matplotlib: not at CLI start-up
+
     report = evaluate(
         model,
         data,

@@ -11,13 +11,12 @@ from typing import Annotated, Any
 
 import numpy as np
 import typer
-from tqdm import tqdm
 
 from app.errors import ArtifactError, DataError
 from app.forecasting.artifacts import MANIFEST_FILE, save_model
 from app.forecasting.base import Forecaster
 from app.forecasting.linear_ar import LinearAR
-from app.forecasting.lstm import LSTMForecaster
+from app.forecasting.lstm import GlobalLSTMForecaster, LSTMForecaster
 from app.forecasting.normalisation import training_statistics
 from app.forecasting.stateful_lstm import (
     STATEFUL_TRAINING,
@@ -77,13 +76,8 @@ def build(
         return StatefulLSTMForecaster(
             window=window, horizon=horizon, n_channels=n_channels, training=training
         )
-    return LSTMForecaster(
-        window=window,
-        horizon=horizon,
-        n_channels=n_channels,
-        normalisation="global" if kind is Kind.LSTM_GLOBAL else "per_window",
-        training=training,
-    )
+    model = GlobalLSTMForecaster if kind is Kind.LSTM_GLOBAL else LSTMForecaster
+    return model(window=window, horizon=horizon, n_channels=n_channels, training=training)
 
 
 def _span(values: tuple[float, float] | None, mean: float, std: float) -> str:
@@ -117,6 +111,8 @@ def input_ranges(
 
 
 def _print_epoch(record: dict[str, float], epochs: int) -> None:
+    from tqdm import tqdm  # the train extra's, like the training it reports on
+
     tqdm.write(
         f"epoch {int(record['epoch']):>2}/{epochs}  train loss {record['train_loss']:.5f}  "
         f"val loss {record['val_loss']:.5f}  grad norm before clip: "

@@ -48,10 +48,13 @@ class LinearAR(Forecaster):
         return self
 
     def _predict(self, windows: np.ndarray) -> np.ndarray:
+        """Each horizon column an elementwise product summed along the features, not a matrix
+        product: BLAS blocks a product differently for different batch sizes, and a stream's
+        forecast must not depend on which streams share its call (see `base`)."""
         if not hasattr(self, "coef_"):
             raise RuntimeError(f"{self.kind} must be fitted (or loaded) before predicting")
-        weights = self.coef_[:-1].reshape(-1, self.horizon)
-        forecast: np.ndarray = windows[:, -1, 0:1] + (
-            _features(windows) @ weights + self.intercept_
-        )
+        features = _features(windows)  # (B, F), C-contiguous: each row summed on its own
+        columns = np.ascontiguousarray(self.coef_[:-1].reshape(-1, self.horizon).T)  # (H, F)
+        change = np.stack([(features * column).sum(axis=1) for column in columns], axis=1)
+        forecast: np.ndarray = windows[:, -1, 0:1] + (change + self.intercept_)
         return forecast

@@ -3,22 +3,22 @@
 per_window: inputs z-scored with TRAINING statistics, last = x[:, -1:, :],
 out = lstm(x - last), y = head(out[:, -1]) + last[:, 0]. The network only ever sees changes
 from the window's last reading, so a drifting level never leaves its training range.
-global: plain z-score, no subtraction; kept (kind "lstm-global") to show why that fails.
-The scaling lives in `normalisation`, the loop in `training`.
+global: plain z-score, no subtraction; kept (`GlobalLSTMForecaster`, kind "lstm-global") to
+show why that fails. The scaling lives in `normalisation` (float64, around the graph), the
+network and its training loop in `networks` (torch, imported by `fit` only).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
-import torch
-from torch import nn
 
-from app.forecasting.base import Forecaster
+from app.errors import ArtifactError
+from app.forecasting.graph import WINDOW_GRAPH, row_blocks
+from app.forecasting.neural import NeuralForecaster
 from app.forecasting.normalisation import (
-    NORMALISATIONS,
     Normalisation,
     decode_outputs,
     encode_inputs,
@@ -29,71 +29,24 @@ from app.forecasting.training import (
     EpochCallback,
     TrainingConfig,
     best_epoch,
-    forward_in_chunks,
-    parameter_count,
-    seeded,
     split_targets,
-    train_network,
     training_part,
 )
 from app.forecasting.windows import sliding_windows, target_matrix
 
-FORGET_GATE_BIAS = 1.0
+if TYPE_CHECKING:
+    from app.forecasting.networks import LSTMNetwork
 
 
-class LSTMNetwork(nn.Module):
-    """Stacked LSTM read at its last step, then a linear head with one output per horizon."""
-
-    def __init__(
-        self, *, n_channels: int, hidden: int, layers: int, dropout: float, horizon: int
-    ) -> None:
-        super().__init__()
-        # nn.LSTM applies dropout between layers only, never on the output of the last one.
-        self.lstm = nn.LSTM(
-            n_channels,
-            hidden,
-            num_layers=layers,
-            dropout=dropout if layers > 1 else 0.0,
-            batch_first=True,
-        )
-        self.head = nn.Linear(hidden, horizon)
-        self._init_forget_gates()
-
-    def _init_forget_gates(self) -> None:
-        """Start the forget gates open so early gradients flow through the whole window.
-        PyTorch orders the gate biases (input, forget, cell, output)."""
-        hidden = self.lstm.hidden_size
-        with torch.no_grad():
-            for name, bias in self.lstm.named_parameters():
-                if name.startswith("bias_ih"):
-                    bias[hidden : 2 * hidden].fill_(FORGET_GATE_BIAS)
-                elif name.startswith("bias_hh"):
-                    bias[hidden : 2 * hidden].zero_()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out, _ = self.lstm(x)
-        result: torch.Tensor = self.head(out[:, -1])
-        return result
-
-
-class LSTMForecaster(Forecaster):
-    """`LSTMForecaster(normalisation="global")` builds the failure case, whose kind is
-    "lstm-global": the two are different models on disk and in every report."""
+class LSTMForecaster(NeuralForecaster):
+    """Reads each window afresh: its graph maps x (B, W, C) to out (B, horizon)."""
 
     kind = "lstm"
+    normalisation: ClassVar[Normalisation] = "per_window"
+    signature = WINDOW_GRAPH
 
     mean_: np.ndarray  # (C,) training mean per channel
     std_: np.ndarray  # (C,) training std per channel
-    module_: LSTMNetwork
-    history_: list[dict[str, float]]
-    validation_rmse_: float | None  # best-epoch validation RMSE in reading units
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> LSTMForecaster:
-        target = cls
-        if cls is LSTMForecaster and kwargs.get("normalisation") == "global":
-            target = GlobalLSTMForecaster
-        instance: LSTMForecaster = super().__new__(target)
-        return instance
 
     def __init__(
         self,
@@ -104,37 +57,28 @@ class LSTMForecaster(Forecaster):
         hidden: int = 32,
         layers: int = 2,
         dropout: float = 0.1,
-        normalisation: Normalisation = "per_window",
         training: TrainingConfig | None = None,
     ) -> None:
-        super().__init__(window=window, horizon=horizon, n_channels=n_channels)
-        if normalisation not in NORMALISATIONS:
-            raise ValueError(
-                f"normalisation must be one of {NORMALISATIONS}, got {normalisation!r}"
-            )
-        if (normalisation == "global") != (self.kind == "lstm-global"):
-            raise ValueError(f"{type(self).__name__} cannot use {normalisation!r} normalisation")
-        if hidden < 1 or layers < 1 or not 0.0 <= dropout < 1.0:
-            raise ValueError("hidden and layers must be positive, dropout in [0, 1)")
-        self.hidden = hidden
-        self.layers = layers
-        self.dropout = dropout
-        self.normalisation: Normalisation = normalisation
-        self.training = training or TrainingConfig()
-
-    def build_network(self) -> LSTMNetwork:
-        """A freshly initialised network of this configuration (seed torch first)."""
-        return LSTMNetwork(
-            n_channels=self.n_channels,
-            hidden=self.hidden,
-            layers=self.layers,
-            dropout=self.dropout,
-            horizon=self.horizon,
+        super().__init__(
+            window=window,
+            horizon=horizon,
+            n_channels=n_channels,
+            hidden=hidden,
+            layers=layers,
+            dropout=dropout,
+            training=training or TrainingConfig(),
         )
 
-    @property
-    def n_parameters(self) -> int:
-        return parameter_count(self.build_network)
+    def scaling_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {"mean": (self.n_channels,), "std": (self.n_channels,)}
+
+    def scaling(self) -> dict[str, np.ndarray]:
+        return {"mean": self.mean_, "std": self.std_}
+
+    def _set_scaling(self, arrays: dict[str, np.ndarray]) -> None:
+        if not np.all(arrays["std"] > 0):
+            raise ArtifactError("the stored training std must be positive")
+        self.mean_, self.std_ = arrays["mean"], arrays["std"]
 
     def fit(
         self,
@@ -144,6 +88,9 @@ class LSTMForecaster(Forecaster):
         progress: bool = False,
         on_epoch: EpochCallback | None = None,
     ) -> Self:
+        self._require_torch()
+        from app.forecasting import networks
+
         data, end = training_part(series, train_end, n_channels=self.n_channels)
         data = data[:end]  # nothing after train_end is even in scope from here on
         config = self.training
@@ -152,34 +99,38 @@ class LSTMForecaster(Forecaster):
         )
         self.mean_, self.std_ = training_statistics(data)
         validation = self._examples(data, split.validation) if split.validation.size else None
-        with seeded(config.seed):
-            self.module_ = self.build_network()
-            self.history_ = train_network(
-                self.module_,
+        with networks.seeded(config.seed):
+            network = self._new_network()
+            self.history_ = networks.train_window_network(
+                network,
                 self._examples(data, split.train),
                 validation,
                 config,
+                epochs=config.epochs,
                 progress=progress,
                 on_epoch=on_epoch,
             )
         self.validation_rmse_ = None
-        if validation is None:
-            return self
-        best = best_epoch(self.history_)
-        self.validation_rmse_ = math.sqrt(self.history_[best - 1]["val_loss"]) * float(self.std_[0])
-        if config.refit:
-            # Same seed, every window of the training period, the epoch count chosen above.
-            everything = split_targets(end, window=self.window, horizon=self.horizon, validation=0)
-            with seeded(config.seed):
-                self.module_ = self.build_network()
-                train_network(
-                    self.module_,
-                    self._examples(data, everything.train),
-                    None,
-                    config,
-                    epochs=best,
-                    progress=progress,
+        if validation is not None:
+            best = best_epoch(self.history_)
+            val_loss = self.history_[best - 1]["val_loss"]
+            self.validation_rmse_ = math.sqrt(val_loss) * float(self.std_[0])
+            if config.refit:
+                # Same seed, every window of the training period, the epoch count chosen above.
+                everything = split_targets(
+                    end, window=self.window, horizon=self.horizon, validation=0
                 )
+                with networks.seeded(config.seed):
+                    network = self._new_network()
+                    networks.train_window_network(
+                        network,
+                        self._examples(data, everything.train),
+                        None,
+                        config,
+                        epochs=best,
+                        progress=progress,
+                    )
+        self._adopt(network)
         return self
 
     def _examples(self, data: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -192,28 +143,38 @@ class LSTMForecaster(Forecaster):
         )
 
     def _predict(self, windows: np.ndarray) -> np.ndarray:
-        if not hasattr(self, "module_"):
-            raise RuntimeError(f"{self.kind} must be fitted (or loaded) before predicting")
+        self._check_fitted()
         inputs = encode_inputs(windows, self.mean_, self.std_, self.normalisation)
-        outputs = forward_in_chunks(self.module_, inputs)
+        outputs = np.concatenate(
+            [
+                self.graph_.run(x=inputs[block])[0]
+                for block in row_blocks(inputs.shape[0], self.window)
+            ]
+        )
         return decode_outputs(outputs, windows, self.mean_, self.std_, self.normalisation)
 
+    def _new_network(self) -> LSTMNetwork:
+        from app.forecasting.networks import LSTMNetwork
+
+        return LSTMNetwork(
+            n_channels=self.n_channels,
+            hidden=self.hidden,
+            layers=self.layers,
+            dropout=self.dropout,
+            horizon=self.horizon,
+        )
+
+    def _export(self, network: LSTMNetwork) -> bytes:
+        from app.forecasting.networks import export_window_graph
+
+        return export_window_graph(network)
+
     def config(self) -> dict[str, Any]:
-        return {
-            **super().config(),
-            "hidden": self.hidden,
-            "layers": self.layers,
-            "dropout": self.dropout,
-            "normalisation": self.normalisation,
-            "training": self.training.to_dict(),
-        }
+        return {**super().config(), "normalisation": self.normalisation}
 
 
 class GlobalLSTMForecaster(LSTMForecaster):
     """Globally z-scored LSTM: saturates outside its training range (SPEC section 2)."""
 
     kind = "lstm-global"
-
-    def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("normalisation", "global")
-        super().__init__(**kwargs)
+    normalisation = "global"

@@ -1,4 +1,5 @@
-"""Training data, the honest split, and the training loop for neural forecasters (SPEC 2-3).
+"""Training data and the honest split for every forecaster (SPEC 2-3); no torch here (the
+networks' training loops are in `networks`, which only fitting imports).
 
 The split lives here so every forecaster (and the manifest's metrics) carves the same
 validation block: the LAST `validation` forecast origins whose targets all lie before
@@ -11,17 +12,13 @@ from __future__ import annotations
 import copy
 import functools
 import math
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from threadpoolctl import ThreadpoolController
-from torch import nn
-from tqdm import tqdm
 
 from app.errors import AppError, DataError
 from app.forecasting import scores
@@ -29,7 +26,6 @@ from app.forecasting.base import Forecaster, as_2d
 from app.forecasting.baselines import Naive
 from app.forecasting.windows import sliding_windows, target_matrix
 
-PREDICT_CHUNK = 4096
 TEST_SAMPLES = 1000
 
 EpochCallback = Callable[[dict[str, float]], None]
@@ -127,81 +123,30 @@ def training_part(
 
 @functools.cache
 def _thread_pools() -> ThreadpoolController:
-    """Inspecting the loaded libraries costs 0.5 ms; do it once, not per forecast."""
+    """Inspecting the loaded libraries is slow next to a forecast; do it once."""
     return ThreadpoolController()
 
 
 _ONE_THREAD_FOR_GOOD = False
-_THIS_THREAD = threading.local()
 
 
 def use_one_thread() -> None:
-    """Put torch and BLAS on one thread for the rest of the process (the service, at start-up):
-    `single_threaded` then costs nothing, where limiting the pools per call took ~90 us, more
-    than a stateful LSTM step."""
+    """Put BLAS on one thread for the rest of the process (the service, at start-up), so
+    `single_threaded` costs nothing there."""
     global _ONE_THREAD_FOR_GOOD
-    torch.set_num_threads(1)
     _thread_pools().limit(limits=1, user_api="blas")
     _ONE_THREAD_FOR_GOOD = True
 
 
 @contextmanager
 def single_threaded() -> Iterator[None]:
-    """Run torch and BLAS on one thread. Models this small gain nothing from a second
-    thread, and with two on a busy 2-core machine LSTM training ran 10x, a one-window
-    forecast 400x and a linear AR fit 70x slower (measured). A long-running process should
-    call `use_one_thread` at start-up; then this is a no-op."""
+    """Run BLAS on one thread. Fits this small gain nothing from a second thread, and on a
+    machine busy with other work a second one mostly waits for its share of a core."""
     if _ONE_THREAD_FOR_GOOD:
-        if not getattr(_THIS_THREAD, "one_thread", False):
-            # OpenMP keeps the thread count per calling thread: a thread that never set it
-            # (each of the server's worker threads) runs torch's kernels with a team of the
-            # default size, whose second thread then spins beside every forecast. Measured in
-            # the service: a second core busy, ingest CPU per request doubled.
-            torch.set_num_threads(1)
-            _THIS_THREAD.one_thread = True
         yield
         return
-    previous = torch.get_num_threads()
     with _thread_pools().limit(limits=1, user_api="blas"):
-        if previous == 1:
-            yield
-            return
-        torch.set_num_threads(1)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(previous)
-
-
-def forward_in_chunks(
-    module: nn.Module, inputs: np.ndarray, chunk: int = PREDICT_CHUNK
-) -> np.ndarray:
-    """Run the network in eval mode without autograd, a bounded batch at a time."""
-    module.eval()
-    outputs = []
-    with single_threaded(), torch.inference_mode():
-        for start in range(0, inputs.shape[0], chunk):
-            batch = torch.from_numpy(np.ascontiguousarray(inputs[start : start + chunk]))
-            outputs.append(module(batch).numpy())
-    return np.concatenate(outputs, axis=0)
-
-
-def parameter_count(build: Callable[[], nn.Module]) -> int:
-    """Parameters of the network `build` makes, built on the meta device: shapes only, no
-    memory, no draw from the global random generator."""
-    with torch.device("meta"):
-        module = build()
-    return sum(p.numel() for p in module.parameters())
-
-
-def clipped_step(
-    module: nn.Module, optimiser: torch.optim.Optimizer, loss: torch.Tensor, clip_norm: float
-) -> float:
-    """Back-propagate, clip the global gradient norm, step; the PRE-clip norm, for the log."""
-    loss.backward()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
-    norm = nn.utils.clip_grad_norm_(module.parameters(), clip_norm)
-    optimiser.step()
-    return float(norm)
+        yield
 
 
 def epoch_record(epoch: int, train_loss: float, norms: list[float]) -> dict[str, float]:
@@ -213,68 +158,6 @@ def epoch_record(epoch: int, train_loss: float, norms: list[float]) -> dict[str,
         "grad_norm_mean": float(np.mean(norms)),
         "grad_norm_max": float(np.max(norms)),
     }
-
-
-def train_network(
-    module: nn.Module,
-    train: tuple[np.ndarray, np.ndarray],
-    validation: tuple[np.ndarray, np.ndarray] | None,
-    config: TrainingConfig,
-    *,
-    epochs: int | None = None,
-    progress: bool = False,
-    on_epoch: EpochCallback | None = None,
-) -> list[dict[str, float]]:
-    """Minimise the MSE on float32 (inputs, targets) with AdamW and global-norm clipping.
-
-    Returns one dict per epoch: train_loss, val_loss (NaN without validation),
-    grad_norm_mean and grad_norm_max (the norm BEFORE clipping: how hard the clip worked).
-    With validation, the module ends holding the weights of its best validation epoch.
-    """
-    n_epochs = config.epochs if epochs is None else epochs
-    x_train, y_train = (torch.from_numpy(a) for a in train)
-    rng = np.random.default_rng(config.seed)
-    optimiser = torch.optim.AdamW(
-        module.parameters(), lr=config.lr, weight_decay=config.weight_decay
-    )
-    loss_fn = nn.MSELoss()
-    n = x_train.shape[0]
-    batches = math.ceil(n / config.batch_size)
-    history: list[dict[str, float]] = []
-    best_loss, best_state, since_best = math.inf, None, 0
-    bar = tqdm(total=n_epochs * batches, disable=not progress, unit="batch", desc="training")
-    with single_threaded(), bar:
-        for epoch in range(1, n_epochs + 1):
-            module.train()
-            order = torch.from_numpy(rng.permutation(n))
-            total, norms = 0.0, []
-            for start in range(0, n, config.batch_size):
-                index = order[start : start + config.batch_size]
-                optimiser.zero_grad(set_to_none=True)
-                loss = loss_fn(module(x_train[index]), y_train[index])
-                norms.append(clipped_step(module, optimiser, loss, config.clip_norm))
-                total += loss.item() * index.shape[0]
-                bar.update(1)
-            record = epoch_record(epoch, total / n, norms)
-            if validation is not None:
-                predicted = forward_in_chunks(module, validation[0]).astype(np.float64)
-                record["val_loss"] = float(np.mean((predicted - validation[1]) ** 2))
-                if record["val_loss"] < best_loss:
-                    best_loss, since_best = record["val_loss"], 0
-                    best_state = copy.deepcopy(module.state_dict())
-                else:
-                    since_best += 1
-            history.append(record)
-            bar.set_postfix(
-                epoch=epoch, train=f"{record['train_loss']:.4f}", val=f"{record['val_loss']:.4f}"
-            )
-            if on_epoch is not None:
-                on_epoch(record)
-            if config.patience is not None and since_best >= config.patience:
-                break
-    if best_state is not None:
-        module.load_state_dict(best_state)
-    return history
 
 
 def best_epoch(history: list[dict[str, float]]) -> int:
@@ -340,12 +223,3 @@ def value_range(values: np.ndarray) -> tuple[float, float] | None:
     """(min, max) of the finite values, None when there are none."""
     finite = values[np.isfinite(values)]
     return (float(finite.min()), float(finite.max())) if finite.size else None
-
-
-@contextmanager
-def seeded(seed: int) -> Iterator[None]:
-    """Fix torch's global generator (weight init, dropout) for the duration, then give the
-    caller back the random state it had."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        yield

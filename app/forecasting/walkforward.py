@@ -25,9 +25,8 @@ from app.forecasting import scores
 from app.forecasting.base import Forecaster, as_2d
 from app.forecasting.baselines import Naive, SeasonalNaive
 from app.forecasting.linear_ar import LinearAR
-from app.forecasting.lstm import LSTMForecaster
+from app.forecasting.lstm import GlobalLSTMForecaster, LSTMForecaster
 from app.forecasting.multistep import recursive_forecast
-from app.forecasting.normalisation import Normalisation
 from app.forecasting.stateful_lstm import (
     STATEFUL_TRAINING,
     STATEFUL_WINDOW,
@@ -327,13 +326,8 @@ class EvaluationConfig:
         focus = 1 + len(self.multistep_methods()) if self.focus_origin is not None else 0
         return per_fold * len(self.origins) + focus
 
-    def _lstm(self, horizon: int, normalisation: Normalisation = "per_window") -> LSTMForecaster:
-        return LSTMForecaster(
-            window=self.window,
-            horizon=horizon,
-            normalisation=normalisation,
-            training=self.training,
-        )
+    def _lstm(self, horizon: int, model: type[LSTMForecaster] = LSTMForecaster) -> LSTMForecaster:
+        return model(window=self.window, horizon=horizon, training=self.training)
 
     def one_step_methods(self) -> dict[str, MethodFactory]:
         """The walk-forward table's methods, keyed as in the JSON report."""
@@ -349,7 +343,7 @@ class EvaluationConfig:
         }
 
     def global_methods(self) -> dict[str, MethodFactory]:
-        return {"lstm_global": lambda: self._lstm(1, "global")}
+        return {"lstm_global": lambda: self._lstm(1, GlobalLSTMForecaster)}
 
     def multistep_methods(self) -> dict[str, MethodFactory]:
         """The six methods of SPEC section 2's multi-step table, all forecasting `horizon`."""

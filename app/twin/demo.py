@@ -33,7 +33,7 @@ from app.errors import AppError
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.evaluation import DETECTION_MARGIN, RECOVERY, MonitoredRecord
 from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
-from app.monitoring.plots import plot_record
+from app.registry import model_directories
 from app.settings import Settings
 from app.simulation.faults import LAB_FAULTS, Fault
 from app.twin.client import Batch, Retry, ServiceClient, TwinReport, run_twin, stop_on_signals
@@ -382,7 +382,7 @@ def run_demo(
     try:
         console.print(
             f"starting the service on {data_dir / 'twinwatch.db'} "
-            f"(models from {settings.models_dir}) ...",
+            f"(models from {', '.join(map(str, model_directories(settings)))}) ...",
             highlight=False,
         )
         with serve_in_thread(settings) as url, ServiceClient(url) as client:
@@ -446,6 +446,8 @@ def run_demo(
             f"{len(wrong)}",
             highlight=False,
         )
+        from app.monitoring.plots import plot_record  # matplotlib, for this figure only
+
         figure = plot_record(
             recorder.monitored_record(),
             config,

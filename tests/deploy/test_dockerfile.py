@@ -45,14 +45,19 @@ def test_every_hadolint_ignore_says_why() -> None:
             assert len(reason) > 1 or previous.lstrip().startswith("#"), line
 
 
-def test_multi_stage_slim_cpu_torch_non_root_healthcheck() -> None:
+def test_multi_stage_slim_plain_install_non_root_healthcheck() -> None:
     steps = instructions()
     stages = [args for keyword, args in steps if keyword == "FROM"]
     assert len(stages) == 2
     args = {a.split("=", 1)[0]: a.split("=", 1)[1] for k, a in steps if k == "ARG" and "=" in a}
     assert args["PYTHON_IMAGE"] == "python:3.11-slim"
     runs = " ".join(a for k, a in steps if k == "RUN")
-    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in runs
+    # The service: the plain package, not editable (migrations and models are inside it), and
+    # neither torch nor the train extra.
+    assert "pip install --no-deps ." in runs
+    assert "torch" not in runs and "[train" not in runs and "--editable" not in runs
+    copies = [a for k, a in steps if k == "COPY" and not a.startswith("--from")]
+    assert not any(a.startswith(("models", "migrations", "alembic.ini")) for a in copies)
     user = [a for k, a in steps if k == "USER"]
     assert user and not user[-1].startswith(("root", "0"))
     (health,) = [a for k, a in steps if k == "HEALTHCHECK"]

@@ -1,7 +1,7 @@
 """End-to-end helpers: real `twinwatch serve` processes on real databases with the real model.
 
 `ServeProcess` starts the service as a subprocess on a loopback port and can kill it with SIGKILL
-and start it again on the same database. `calibrated_models` is a copy of `models/lstm-seed0`
+and start it again on the same database. `calibrated_models` is a copy of `lstm-seed0`
 whose thresholds were calibrated on the lab's hold-out (the shipped artifact has none, and a
 stream cannot be created without them).
 """

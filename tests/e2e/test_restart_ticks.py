@@ -21,8 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from app.registry import SHIPPED_MODELS_DIR
 from app.series import Series
-from tests.e2e.conftest import E2E_BACKENDS, ROOT, ServeProcess, new_database
+from tests.e2e.conftest import E2E_BACKENDS, ServeProcess, new_database
 from tests.e2e.test_restart import alarm_rows, transaction_blocker
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -38,7 +39,7 @@ T0 = datetime(2025, 1, 1, tzinfo=UTC)
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("models")
-    shutil.copytree(ROOT / "models" / MODEL, directory / MODEL)
+    shutil.copytree(SHIPPED_MODELS_DIR / MODEL, directory / MODEL)
     return directory
 
 

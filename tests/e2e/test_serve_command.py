@@ -30,6 +30,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str], Path]]:
     env |= {
         "TWINWATCH_DATA_DIR": str(tmp_path / "data"),
         "TWINWATCH_MODELS_DIR": str(tmp_path / "no-models"),
+        "TWINWATCH_SHIPPED_MODELS": "false",
         "TWINWATCH_DEFAULT_MODEL": "lstm-seed0",
         "TWINWATCH_LOG_LEVEL": "info",
     }

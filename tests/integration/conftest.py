@@ -213,6 +213,7 @@ def make_client(database: Database, models_dir: Path, tmp_path: Path) -> Iterato
             "default_model": "lstm-seed0",
             "data_dir": tmp_path / "data",
             "migrate_on_start": False,
+            "shipped_models": False,  # the fake artifacts only
             **overrides,
         }
         client = TestClient(create_app(Settings(**values), artifact_loader=fake_loader))

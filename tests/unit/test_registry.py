@@ -12,7 +12,13 @@ import pytest
 from app.errors import ArtifactError, DataError
 from app.forecasting.base import Forecaster
 from app.forecasting.baselines import Naive
-from app.registry import load_models, manifest_sha256
+from app.registry import (
+    SHIPPED_MODELS_DIR,
+    load_models,
+    manifest_sha256,
+    model_directories,
+)
+from app.settings import Settings
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 
@@ -58,6 +64,34 @@ def test_missing_directory_gives_an_empty_registry(tmp_path: Path) -> None:
     registry = load_models(tmp_path / "absent", loaded_at=NOW, loader=loader)
     assert len(registry) == 0
     assert registry.errors == {str(tmp_path / "absent"): "models directory does not exist"}
+
+
+def test_a_later_directory_replaces_a_model_of_the_same_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shipped, mine = tmp_path / "shipped", tmp_path / "mine"
+    for directory in (shipped / "a", shipped / "b", shipped / "c", mine / "b", mine / "c"):
+        directory.mkdir(parents=True)
+    (shipped / "c" / "corrupt").touch()  # broken where shipped, fixed in mine
+    (mine / "b" / "corrupt").touch()  # yours is broken: nothing is served under that name
+    with caplog.at_level("INFO", logger="app.registry"):
+        registry = load_models([shipped, mine], loaded_at=NOW, loader=loader)
+    assert sorted(model.name for model in registry) == ["a", "c"]
+    assert registry.require("c").artifact.directory == mine / "c"
+    assert list(registry.errors) == ["b"]
+    assert f"model b of {mine} replaces that of {shipped}" in caplog.text
+
+
+def test_the_shipped_models_come_first_and_the_configured_directory_after(
+    tmp_path: Path,
+) -> None:
+    assert model_directories(Settings()) == [SHIPPED_MODELS_DIR]
+    both = Settings(models_dir=tmp_path)
+    assert model_directories(both) == [SHIPPED_MODELS_DIR, tmp_path]
+    assert model_directories(Settings(models_dir=tmp_path, shipped_models=False)) == [tmp_path]
+    shipped = {path.name for path in SHIPPED_MODELS_DIR.iterdir() if path.is_dir()}
+    assert Settings().default_model in shipped
+    assert {"lstm-seed0", "lstm-day-seed3", "lstm-stateful-day-seed3"} <= shipped
 
 
 def test_manifest_hash_ignores_key_order() -> None:

@@ -22,7 +22,7 @@ def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_defaults() -> None:
     settings = Settings()
     assert settings.database_url == "sqlite:///data/twinwatch.db"
-    assert settings.models_dir == Path("models")
+    assert settings.models_dir is None and settings.shipped_models is True
     assert settings.default_model == "lstm-stateful-day-seed3"
     assert settings.api_token is None
     assert settings.max_batch == 10_000

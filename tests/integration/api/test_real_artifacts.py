@@ -35,7 +35,8 @@ def test_saved_artifacts_are_served(database: Database, tmp_path: Path) -> None:
     )
     with TestClient(create_app(settings)) as client:
         models = {item["name"]: item for item in client.get("/v1/models").json()["items"]}
-        assert set(models) == {"lstm-seed0", "ar16"}
+        # The shipped models beside the directory's, whose lstm-seed0 replaces the shipped one.
+        assert set(models) == {"lstm-seed0", "ar16", "lstm-day-seed3", "lstm-stateful-day-seed3"}
         assert models["ar16"]["kind"] == "linear-ar"
         assert models["ar16"]["window"] == 16
         assert models["lstm-seed0"]["metrics"] == {"rmse": 0.36}

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -10,10 +13,13 @@ import torch
 
 from app.errors import ArtifactError
 from app.forecasting.artifacts import (
+    EXPORT_GRAPH_COMMAND,
     FORMAT_VERSION,
+    GRAPH_FILE,
     MANIFEST_FILE,
     WEIGHTS_FILE,
     build_forecaster,
+    export_graph,
     load_model,
     save_model,
     update_manifest,
@@ -21,7 +27,8 @@ from app.forecasting.artifacts import (
 from app.forecasting.base import Forecaster
 from app.forecasting.baselines import Naive, SeasonalNaive
 from app.forecasting.linear_ar import LinearAR
-from app.forecasting.lstm import LSTMForecaster
+from app.forecasting.lstm import GlobalLSTMForecaster, LSTMForecaster
+from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.forecasting.training import TrainingConfig
 from app.forecasting.windows import sliding_windows
 
@@ -60,8 +67,9 @@ def edit_manifest(directory: Path, change: dict[str, Any]) -> None:
     "make",
     [
         lambda: LSTMForecaster(window=16, hidden=8, n_channels=2, training=TINY),
-        lambda: LSTMForecaster(
-            window=16, hidden=8, n_channels=2, normalisation="global", training=TINY
+        lambda: GlobalLSTMForecaster(window=16, hidden=8, n_channels=2, training=TINY),
+        lambda: StatefulLSTMForecaster(
+            window=16, hidden=8, n_channels=2, sequence=16, training=TINY
         ),
         lambda: LinearAR(window=16, horizon=3, n_channels=2),
         lambda: Naive(window=16, n_channels=2),
@@ -90,6 +98,7 @@ def test_the_manifest_says_what_the_model_is(saved: Path, lstm: LSTMForecaster) 
     assert manifest["training"]["history"]["epochs_run"] == 2
     assert manifest["created_at"].endswith("+00:00")
     assert len(manifest["weights_sha256"]) == 64
+    assert manifest["graph_sha256"] == hashlib.sha256((saved / GRAPH_FILE).read_bytes()).hexdigest()
 
 
 def test_loading_leaves_the_global_random_state_alone(saved: Path) -> None:
@@ -156,8 +165,6 @@ def test_tampered_weights_are_refused(saved: Path) -> None:
 
 
 def test_truncated_weights_are_refused_even_with_a_matching_hash(saved: Path) -> None:
-    import hashlib
-
     cut = (saved / WEIGHTS_FILE).read_bytes()[:-100]
     (saved / WEIGHTS_FILE).write_bytes(cut)
     with pytest.raises(ArtifactError, match="truncated or modified"):
@@ -168,8 +175,6 @@ def test_truncated_weights_are_refused_even_with_a_matching_hash(saved: Path) ->
 
 
 def test_a_pickle_is_never_unpickled(saved: Path) -> None:
-    import hashlib
-
     torch.save({"payload": torch.zeros(3)}, saved / WEIGHTS_FILE)  # a pickle in disguise
     data = (saved / WEIGHTS_FILE).read_bytes()
     edit_manifest(saved, {"weights_sha256": hashlib.sha256(data).hexdigest()})
@@ -211,8 +216,10 @@ def test_saving_refuses_unfitted_models_and_bad_directories(tmp_path: Path) -> N
 
 
 def test_build_forecaster_is_the_kind_registry() -> None:
-    model = build_forecaster(LSTMForecaster(window=8, normalisation="global").config())
-    assert model.kind == "lstm-global"
+    model = build_forecaster(GlobalLSTMForecaster(window=8).config())
+    assert type(model) is GlobalLSTMForecaster
+    with pytest.raises(ArtifactError, match="normalises 'per_window'"):
+        build_forecaster({**LSTMForecaster(window=8).config(), "normalisation": "global"})
     assert (
         build_forecaster({"kind": "naive", "window": 4, "horizon": 2, "n_channels": 1}).horizon == 2
     )
@@ -222,3 +229,83 @@ def test_build_forecaster_is_the_kind_registry() -> None:
         build_forecaster({"kind": "linear-ar", "window": 0, "horizon": 1, "n_channels": 1})
     with pytest.raises(ArtifactError, match="invalid lstm configuration"):
         build_forecaster({"kind": "lstm", "window": 8})
+
+
+def test_a_tampered_graph_is_refused(saved: Path) -> None:
+    graph = bytearray((saved / GRAPH_FILE).read_bytes())
+    graph[len(graph) // 2] ^= 0x01
+    (saved / GRAPH_FILE).write_bytes(bytes(graph))
+    with pytest.raises(ArtifactError, match=f"{GRAPH_FILE}: sha256 does not match"):
+        load_model(saved)
+
+
+def test_a_graph_that_is_no_graph_is_refused_even_with_a_matching_hash(saved: Path) -> None:
+    (saved / GRAPH_FILE).write_bytes(b"not onnx")
+    edit_manifest(saved, {"graph_sha256": hashlib.sha256(b"not onnx").hexdigest()})
+    with pytest.raises(ArtifactError, match="inference graph cannot be loaded"):
+        load_model(saved)
+
+
+def test_a_graph_of_the_other_lstm_is_refused(saved: Path, tmp_path: Path) -> None:
+    stateful = StatefulLSTMForecaster(window=16, hidden=8, n_channels=2, training=TINY)
+    other = save_model(stateful.fit(wave(), train_end=500), tmp_path / "stateful")
+    graph = (other / GRAPH_FILE).read_bytes()
+    (saved / GRAPH_FILE).write_bytes(graph)
+    edit_manifest(saved, {"graph_sha256": hashlib.sha256(graph).hexdigest()})
+    with pytest.raises(ArtifactError, match=r"reads \['x', 'h0', 'c0'\]"):
+        load_model(saved)
+
+
+def test_a_missing_graph_names_the_command_that_rebuilds_it(saved: Path) -> None:
+    (saved / GRAPH_FILE).unlink()
+    with pytest.raises(ArtifactError, match=f"missing {GRAPH_FILE}.*{EXPORT_GRAPH_COMMAND}"):
+        load_model(saved)
+
+
+def test_an_artifact_from_before_graphs_is_refused_until_its_graph_is_exported(
+    saved: Path, lstm: LSTMForecaster
+) -> None:
+    """Format 1 wrote no graph: loading says which command adds it, which then exports the
+    same network from the stored weights."""
+    manifest = json.loads((saved / MANIFEST_FILE).read_text())
+    del manifest["graph_sha256"]
+    (saved / MANIFEST_FILE).write_text(json.dumps({**manifest, "format_version": 1}))
+    (saved / GRAPH_FILE).unlink()
+    weights = (saved / WEIGHTS_FILE).read_bytes()
+    with pytest.raises(ArtifactError, match=f"earlier twinwatch.*`{EXPORT_GRAPH_COMMAND} {saved}`"):
+        load_model(saved)
+    loaded = export_graph(saved)
+    assert loaded.manifest["format_version"] == FORMAT_VERSION
+    assert (saved / WEIGHTS_FILE).read_bytes() == weights
+    np.testing.assert_array_equal(loaded.forecaster.predict(windows()), lstm.predict(windows()))
+    assert load_model(saved).manifest["graph_sha256"] == loaded.manifest["graph_sha256"]
+
+
+def test_export_graph_refuses_a_model_without_a_network(tmp_path: Path) -> None:
+    linear = save_model(LinearAR(window=16).fit(wave()[:, 0], train_end=500), tmp_path / "ar")
+    with pytest.raises(ArtifactError, match="forecasts without a graph"):
+        export_graph(linear)
+
+
+def imports_torch(script: str) -> bool:
+    """Whether `script`, run in a new interpreter, ends with torch imported."""
+    check = script + "\nimport sys\nprint('torch' in sys.modules)\n"
+    result = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip() == "True"
+
+
+def test_loading_and_forecasting_import_no_torch(saved: Path) -> None:
+    """What serving does with a model (the CLI imported, the artifact loaded, a forecast made)
+    never imports torch: the plain install has none."""
+    assert not imports_torch(
+        "import numpy as np\n"
+        "import app.cli\n"
+        "from app.forecasting.artifacts import load_model\n"
+        f"model = load_model({str(saved)!r}).forecaster\n"
+        "model.predict(np.zeros((3, model.window, model.n_channels)))\n"
+    )
+
+
+def test_the_service_imports_no_torch() -> None:
+    assert not imports_torch("import app.main")

@@ -1,15 +1,14 @@
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 from app.forecasting.artifacts import load_model
 from app.forecasting.lstm import LSTMForecaster
 from app.forecasting.windows import sliding_windows
+from app.registry import SHIPPED_MODELS_DIR
 from app.series import Series
 
-DEFAULT_MODEL = Path(__file__).parents[3] / "models" / "lstm-seed0"
+DEFAULT_MODEL = SHIPPED_MODELS_DIR / "lstm-seed0"
 
 
 def test_the_shipped_model_loads_and_still_scores_what_its_manifest_says(seed0: Series) -> None:

@@ -38,7 +38,7 @@ def test_the_spec_architecture_has_12961_parameters() -> None:
 
 
 def test_forget_gates_start_open() -> None:
-    module = LSTMForecaster().build_network()
+    module = LSTMForecaster()._new_network()
     for layer in range(2):
         ih = getattr(module.lstm, f"bias_ih_l{layer}").detach().numpy()
         hh = getattr(module.lstm, f"bias_hh_l{layer}").detach().numpy()
@@ -63,7 +63,7 @@ def test_per_window_forecast_follows_any_level(tiny: LSTMForecaster) -> None:
 
 
 def test_the_global_model_does_not_follow_the_level() -> None:
-    model = LSTMForecaster(window=16, hidden=8, normalisation="global", training=TINY)
+    model = GlobalLSTMForecaster(window=16, hidden=8, training=TINY)
     model.fit(noisy_wave(), train_end=1000)
     windows = sliding_windows(noisy_wave(), np.arange(1000, 1100), 16)
     # Saturated units: far outside the training range the forecast stops moving with the input.
@@ -71,15 +71,31 @@ def test_the_global_model_does_not_follow_the_level() -> None:
 
 
 def test_global_normalisation_is_its_own_kind() -> None:
-    model = LSTMForecaster(normalisation="global", window=8)
-    assert isinstance(model, LSTMForecaster)
-    assert isinstance(model, GlobalLSTMForecaster)
+    model = GlobalLSTMForecaster(window=8)
     assert model.kind == "lstm-global"
     assert model.config()["normalisation"] == "global"
     assert copy.deepcopy(model).kind == "lstm-global"
     assert LSTMForecaster(window=8).kind == "lstm"
-    with pytest.raises(ValueError, match="normalisation"):
-        LSTMForecaster(normalisation="robust")  # type: ignore[arg-type]
+    assert LSTMForecaster(window=8).config()["normalisation"] == "per_window"
+
+
+def test_the_graph_runs_the_trained_network(tiny: LSTMForecaster) -> None:
+    from app.forecasting import networks
+    from app.forecasting.normalisation import encode_inputs
+
+    network = tiny._new_network()
+    networks.load_weights(network, tiny.weights_)
+    windows = sliding_windows(noisy_wave(), np.arange(1000, 1200), 16)
+    inputs = encode_inputs(windows, tiny.mean_, tiny.std_, "per_window")
+    with torch.inference_mode():
+        out = network(torch.from_numpy(inputs)).numpy().astype(np.float64)
+    expected = windows[:, -1, 0:1] + out * tiny.std_[0]
+    np.testing.assert_allclose(tiny.predict(windows), expected, rtol=0, atol=1e-5)
+
+
+def test_a_fitted_model_survives_a_copy(tiny: LSTMForecaster) -> None:
+    windows = sliding_windows(noisy_wave(), np.arange(1000, 1050), 16)
+    np.testing.assert_array_equal(copy.deepcopy(tiny).predict(windows), tiny.predict(windows))
 
 
 def test_batch_size_does_not_change_the_forecast() -> None:

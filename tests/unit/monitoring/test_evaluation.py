@@ -20,11 +20,12 @@ from app.monitoring.evaluation import (
 from app.monitoring.monitor import Monitor, MonitorConfig, PointConfig
 from app.monitoring.plots import plot_record
 from app.monitoring.workflow import WATCH_ONLY
+from app.registry import SHIPPED_MODELS_DIR
 from app.series import Series
 from app.simulation.faults import LAB_FAULTS, Fault, FaultType, load_schedule
 
 Lab = tuple[MonitorConfig, MonitoredRecord, list[Fault]]
-MODELS = Path(__file__).parents[3] / "models"
+MODELS = SHIPPED_MODELS_DIR
 
 
 def monitor_record(config: MonitorConfig, residuals: np.ndarray) -> MonitoredRecord:

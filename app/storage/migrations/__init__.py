@@ -1,4 +1,9 @@
-"""Alembic driven from code: `twinwatch db ...`, the app's start-up and the tests use these."""
+"""Alembic driven from code: `twinwatch db ...`, the app's start-up and the tests use these.
+
+The migrations live in this package (`env.py`, `versions/`), so an installed twinwatch migrates
+its database from any directory; no alembic.ini is read. The project's root alembic.ini is for
+developers writing a revision (`alembic revision`), and points here too.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +18,7 @@ from alembic.util.exc import CommandError
 from app.errors import AppError
 from app.storage.db import create_db_engine
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-ALEMBIC_INI = PROJECT_ROOT / "alembic.ini"
+SCRIPT_LOCATION = Path(__file__).resolve().parent
 
 
 class MigrationError(AppError):
@@ -24,10 +28,10 @@ class MigrationError(AppError):
 
 
 def alembic_config(database_url: str) -> Config:
-    """The project's alembic.ini, pointed at `database_url`, leaving our logging alone."""
-    if not ALEMBIC_INI.is_file():
-        raise MigrationError(f"{ALEMBIC_INI} is missing: run from a source checkout")
-    config = Config(str(ALEMBIC_INI))
+    """The migrations of this package, pointed at `database_url`, leaving our logging alone."""
+    config = Config()
+    config.set_main_option("script_location", str(SCRIPT_LOCATION))
+    config.set_main_option("path_separator", "os")
     config.attributes["database_url"] = database_url
     config.attributes["configure_logger"] = False
     return config
@@ -58,8 +62,8 @@ def current(database_url: str) -> tuple[str, ...]:
 
 
 def head() -> str:
-    """The newest revision in `migrations/versions`."""
+    """The newest revision in `versions/`."""
     revision = ScriptDirectory.from_config(alembic_config("")).get_current_head()
     if revision is None:
-        raise MigrationError("migrations/versions holds no revision")
+        raise MigrationError(f"{SCRIPT_LOCATION / 'versions'} holds no revision")
     return revision

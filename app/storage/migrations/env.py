@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from logging.config import fileConfig
-from typing import Any
+from typing import Any, Literal
 
 from alembic import context
 from alembic.autogenerate.api import AutogenContext
@@ -31,7 +31,7 @@ def database_url() -> str:
     return str(url) if url else Settings().database_url
 
 
-def render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | bool:
+def render_item(type_: str, obj: Any, autogen_context: AutogenContext) -> str | Literal[False]:
     """Write our column types as plain SQLAlchemy ones, so revisions never import app code."""
     if type_ == "type" and isinstance(obj, UTCDateTime):
         return "sa.DateTime(timezone=True)"
