@@ -34,7 +34,6 @@ from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-from scipy import stats as scipy_stats
 
 from app.errors import DataError
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule, RuleState
@@ -237,6 +236,14 @@ def calibrate_margins(
 # --- rate calibration ---------------------------------------------------------------------------
 
 
+def _genpareto() -> Any:
+    """scipy's generalised Pareto distribution, imported when a tail is fitted: scipy.stats
+    costs tens of MiB that the service, which only reads thresholds, never needs."""
+    from scipy.stats import genpareto
+
+    return genpareto
+
+
 @dataclass(frozen=True)
 class TailFit:
     """A generalised Pareto fit to the event peaks above u0 (in alarming-side units)."""
@@ -249,7 +256,7 @@ class TailFit:
     def threshold(self, rate_per_sample: float, valid_samples: int) -> float:
         """u with rate(u) = rate(u0) * P(peak - u0 > u - u0) = the target rate."""
         exceedance = rate_per_sample * valid_samples / self.events
-        return self.u0 + float(scipy_stats.genpareto.isf(exceedance, self.shape, 0, self.scale))
+        return self.u0 + float(_genpareto().isf(exceedance, self.shape, 0, self.scale))
 
 
 @dataclass(frozen=True)
@@ -360,7 +367,7 @@ class _Tail:
             )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            shape, _, scale = scipy_stats.genpareto.fit(excess, floc=0)
+            shape, _, scale = _genpareto().fit(excess, floc=0)
         return TailFit(u0=u0, events=int(excess.shape[0]), shape=float(shape), scale=float(scale))
 
 
