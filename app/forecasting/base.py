@@ -42,7 +42,9 @@ class Forecaster(ABC):
 
     def predict(self, windows: np.ndarray) -> np.ndarray:
         """Validate the shape, then forecast: (B, W, C) -> (B, horizon) float64."""
-        windows = np.asarray(windows, dtype=np.float64)
+        # C order whatever the caller's layout: numpy sums a row of a C-ordered array the same
+        # way for any number of rows, and a row strided across others in another order.
+        windows = np.ascontiguousarray(windows, dtype=np.float64)
         if windows.ndim != 3 or windows.shape[1:] != (self.window, self.n_channels):
             raise ValueError(
                 f"{self.kind} expects windows of shape (B, {self.window}, {self.n_channels}), "

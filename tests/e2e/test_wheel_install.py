@@ -1,6 +1,6 @@
 """The plain install is the service: the wheel, installed (not editable) into a fresh virtual
 environment without torch, serves the shipped default model from a directory that is not the
-checkout, idles within its memory budget, and raises the README's alarms for the lab record.
+checkout, and raises the README's alarms for the lab record.
 
 The environment is made the way a user makes it (`python -m venv`, `pip install <wheel>`); its
 dependencies come from pip's cache or the package index. torch is not among them, and the test

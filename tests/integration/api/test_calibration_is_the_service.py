@@ -105,6 +105,6 @@ def test_calibrate_gives_the_thresholds_of_the_services_own_statistics(
                 statistics[kind],
                 build_detector(detector).direction,
                 detector.alarm or calibrated.alarm,
-                rate * shares[kind] / (86_400 / 0.1),
+                rate * shares[kind] / (86_400 / calibrated.calibration["sample_period_s"]),
             ).threshold
         assert detector.threshold == expected, kind  # exactly
