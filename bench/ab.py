@@ -2,7 +2,7 @@
 
 The machine is shared and noisy (runs of the same code minutes apart differ by 20-40%), so a
 change is measured against its base in one session: a server per checkout (each on its own
-SQLite file, all with the same calibrated stateful model), the same kind of request sent to each
+SQLite file, each with its own copy of the shipped stateful model), the same kind of request sent to each
 in alternating rounds (a round of `--per-round` requests to each server, the order reversed every
 round), and the median latency of each. `--ceiling` adds the last checkout's parse-only ceiling
 (bench/parse_only.py) to the rounds and prints each server's ratio to it, as bench/ingest.py does.
@@ -23,20 +23,26 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness import Connection, Server, readings_body, stateful_model
+from harness import Connection, Server, readings_body
 from ingest import ACK_ONLY, PARSE_ONLY_PATH, READINGS_PATH, series_values
 
 WARMUP = 300  # readings before the clock starts: a stateful stream forecasts after 256
 UNTIMED = 5  # requests per server before the rounds
 
 
+MODEL = "lstm-stateful-day-seed3"
+"""The default model, shipped (with its thresholds) by every checkout in its own format."""
+
+
 def server(checkout: Path, label: str, work: Path, model: str, *, ceiling: bool) -> Server:
-    """`twinwatch serve` (or the parse-only ceiling) of `checkout`, its own SQLite file."""
+    """`twinwatch serve` (or the parse-only ceiling) of `checkout`, its own SQLite file and its
+    own copy of the shipped model."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWINWATCH_")}
+    if not (checkout / "app" / "shipped_models").is_dir():  # before the models moved inside
+        env["TWINWATCH_MODELS_DIR"] = str(checkout / "models")
     env |= {
         "PYTHONPATH": str(checkout),
         "TWINWATCH_DATABASE_URL": f"sqlite:///{(work / f'{label}.db').as_posix()}",
-        "TWINWATCH_MODELS_DIR": str(work / "models"),
         "TWINWATCH_DEFAULT_MODEL": model,
         "TWINWATCH_DATA_DIR": str(work / f"{label}-data"),
         "TWINWATCH_MIGRATE_ON_START": "true",
@@ -115,7 +121,7 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory(prefix="twinwatch-ab-") as tmp:
         work = Path(tmp)
-        model, _ = stateful_model(work / "models")
+        model = MODEL
         targets: dict[str, tuple[Server, str]] = {}
         try:
             for index, checkout in enumerate(args.checkouts):

@@ -180,6 +180,7 @@ def post_readings(
     """
     started = time.perf_counter()
     outcomes = _ingest(state, session, [(stream_id, body.readings)])
+    session.commit()  # here, in the handler's thread (see `SessionDep`)
     return _respond(state, _answer(outcomes[0], results), started)
 
 
@@ -201,6 +202,7 @@ def post_many_readings(
     """
     started = time.perf_counter()
     outcomes = _ingest(state, session, [(item.stream, item.readings) for item in body.streams])
+    session.commit()  # here, in the handler's thread (see `SessionDep`)
     answer = {
         "streams": [
             _answer(outcome, results, stream=item.stream)

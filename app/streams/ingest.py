@@ -110,83 +110,88 @@ def _check(
     session: Session, lives: list[LiveStream], new: NewReadings, max_future_s: float
 ) -> list[_Part]:
     """Each stream's readings checked, in the stream's channel order; the first problem is
-    raised (naming the stream when the request has several)."""
-    offsets = np.concatenate(([0], np.cumsum(new.counts)))
-    many = len(lives) > 1
+    raised (naming the stream when the request has several). The checks of times run over the
+    whole request at once; a stream's own work is a slice unless something is wrong with it."""
+    offsets = np.concatenate(([0], np.cumsum(new.counts))).tolist()
+    times = new.times
     latest = reading_repo.micro(datetime.now(UTC)) + int(max_future_s * 1e6)
-    late = np.flatnonzero(new.times > latest)
+    late = set(np.flatnonzero(times > latest).tolist())
     # Times increase within each stream: a step back is a problem unless it starts a stream.
-    backwards = np.flatnonzero(np.diff(new.times) <= 0) + 1
-    backwards = backwards[~np.isin(backwards, offsets)]
+    backwards = set((np.flatnonzero(np.diff(times) <= 0) + 1).tolist()).difference(offsets)
+    firsts = times[np.minimum(offsets[:-1], len(times) - 1)].tolist() if len(times) else []
     parts = []
     for index, live in enumerate(lives):
-        first, stop = int(offsets[index]), int(offsets[index + 1])
-        where = f"stream {live.stream_id!r}: " if many else ""
+        first, stop = offsets[index], offsets[index + 1]
         try:
-            parts.append(
-                _check_stream(session, live, new, first, stop, backwards, late, max_future_s)
-            )
+            if (backwards or late) and (
+                backwards.intersection(range(first, stop)) or late.intersection(range(first, stop))
+            ):
+                _refuse_times(new, first, stop, backwards, late, max_future_s)
+            values = _channels(live, new, first, stop)
+            references = _references(live, new, first, stop)
+            last = live.state.last_time
+            resent = 0
+            if last is not None and first < stop and firsts[index] <= last:
+                resent = int(np.searchsorted(times[first:stop], last, side="right"))
+                _check_resent(session, live, times[first : first + resent], values, references)
         except (DataError, ConflictError) as exc:
-            if many:
-                exc.detail = where + exc.detail
+            if len(lives) > 1:
+                exc.detail = f"stream {live.stream_id!r}: {exc.detail}"
                 exc.args = (exc.detail,)
                 exc.extra.setdefault("stream", live.stream_id)
             raise
+        parts.append(_Part(live, first, resent, stop, values, references))
     return parts
 
 
-def _check_stream(
-    session: Session,
-    live: LiveStream,
+def _refuse_times(
     new: NewReadings,
     first: int,
     stop: int,
-    backwards: np.ndarray,
-    late: np.ndarray,
+    backwards: set[int],
+    late: set[int],
     max_future_s: float,
-) -> _Part:
-    times = new.times
+) -> None:
+    """The problem with a stream's times: the first step back, else its latest reading from the
+    future."""
 
     def at(position: int) -> str:
-        return reading_repo.datetime_at(int(times[position])).isoformat()
+        return reading_repo.datetime_at(int(new.times[position])).isoformat()
 
-    for position in backwards[(backwards >= first) & (backwards < stop)][:1].tolist():
+    for position in sorted(backwards.intersection(range(first, stop)))[:1]:
         raise DataError(
             f"readings[{position - first}].t ({at(position)}) is not after "
             f"readings[{position - first - 1}].t: send readings in increasing time order",
             reason="invalid",
         )
-    values = _channels(live, new, first, stop)
-    for position in late[(late >= first) & (late < stop)][-1:].tolist():
+    for position in sorted(late.intersection(range(first, stop)))[-1:]:
         raise DataError(
             f"readings[{position - first}].t ({at(position)}) is more than {max_future_s:g} s "
             "ahead of the server clock: check the time stamps (seconds, not milliseconds, "
             "since the epoch?)",
             reason="invalid",
         )
-    references = None
-    if new.references is not None:
-        references = new.references[first:stop]
-        if not live.has_reference and not np.isnan(references).all():
+
+
+def _references(live: LiveStream, new: NewReadings, first: int, stop: int) -> np.ndarray | None:
+    """The stream's references (NaN: none), or None for a stream without a reference sensor."""
+    given = None if new.references is None else new.references[first:stop]
+    if not live.has_reference:
+        if given is not None and not np.isnan(given).all():
             raise DataError(
                 f"stream {live.stream_id!r} is not configured with has_reference; "
                 "drop 'reference' or reconfigure the stream",
                 reason="invalid",
             )
-    if live.has_reference and references is None:
-        references = np.full(stop - first, np.nan)
-    if not live.has_reference:
-        references = None
-    last = live.state.last_time
-    resent = 0 if last is None else int(np.searchsorted(times[first:stop], last, side="right"))
-    if resent:
-        _check_resent(session, live, times[first : first + resent], values, references)
-    return _Part(live, first, resent, stop, values, references)
+        return None
+    return np.full(stop - first, np.nan) if given is None else given
 
 
 def _channels(live: LiveStream, new: NewReadings, first: int, stop: int) -> np.ndarray:
     """The readings' numbers in the stream's channel order, (readings, C)."""
     channels = live.channels
+    if new.columns == (VALUE,) and len(channels) == 1:  # a plain stream's plain readings
+        return new.values[first:stop]
     out = np.full((stop - first, len(channels)), np.nan)
     for column, name in enumerate(new.columns):
         given = new.values[first:stop, column]
@@ -255,22 +260,7 @@ def _advance(parts: list[_Part], new: NewReadings) -> list[StreamResult | None]:
     results: list[StreamResult | None] = [None] * len(parts)
     for recurrence, members in groups.values():
         chosen = [parts[i] for i in members]
-        with_reference = any(part.references is not None for part in chosen)
-        readings = Readings(
-            np.array([part.stop - part.first - part.resent for part in chosen]),
-            np.concatenate([new.times[part.first + part.resent : part.stop] for part in chosen]),
-            np.concatenate([part.values[part.resent :] for part in chosen]),
-            np.concatenate(
-                [
-                    part.references[part.resent :]
-                    if part.references is not None
-                    else np.full(part.stop - part.first - part.resent, np.nan)
-                    for part in chosen
-                ]
-            )
-            if with_reference
-            else None,
-        )
+        readings = _block(chosen, new) if len(chosen) < len(parts) else _whole(parts, new)
         block = recurrence.advance(
             [part.live.state for part in chosen],
             readings,
@@ -279,6 +269,43 @@ def _advance(parts: list[_Part], new: NewReadings) -> list[StreamResult | None]:
         for position, index in enumerate(members):
             results[index] = block.stream(position)
     return results
+
+
+def _whole(parts: list[_Part], new: NewReadings) -> Readings:
+    """The request's readings as they came, when every stream is in the block and nothing is
+    re-sent (a gateway's tick, a stream's batch): no copy."""
+    plain = new.columns == (VALUE,) and all(part.values.shape[1] == 1 for part in parts)
+    if not plain or any(part.resent for part in parts):
+        return _block(parts, new)
+    referenced = [part.references is not None for part in parts]
+    if any(referenced) and not all(referenced):
+        return _block(parts, new)
+    references = None
+    if all(referenced) and parts:
+        references = (
+            new.references if new.references is not None else np.full(len(new.times), np.nan)
+        )
+    return Readings(new.counts, new.times, new.values, references)
+
+
+def _block(chosen: list[_Part], new: NewReadings) -> Readings:
+    """The new readings of `chosen`, stream after stream."""
+    with_reference = any(part.references is not None for part in chosen)
+    return Readings(
+        np.array([part.stop - part.first - part.resent for part in chosen]),
+        np.concatenate([new.times[part.first + part.resent : part.stop] for part in chosen]),
+        np.concatenate([part.values[part.resent :] for part in chosen]),
+        np.concatenate(
+            [
+                part.references[part.resent :]
+                if part.references is not None
+                else np.full(part.stop - part.first - part.resent, np.nan)
+                for part in chosen
+            ]
+        )
+        if with_reference
+        else None,
+    )
 
 
 def _store(

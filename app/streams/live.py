@@ -381,27 +381,23 @@ class _Pending:
 
 
 _PENDING = "twinwatch.pending"
-_LISTENING = "twinwatch.listening"
 
 
 def _pending(session: Session) -> _Pending:
     pending = session.info.get(_PENDING)
-    if isinstance(pending, _Pending):
-        return pending
-    pending = session.info[_PENDING] = _Pending()
-    if not session.info.get(_LISTENING):
-        session.info[_LISTENING] = True
-        event.listen(session, "after_commit", _committed)
-        event.listen(session, "after_transaction_end", _ended)
+    if not isinstance(pending, _Pending):
+        pending = session.info[_PENDING] = _Pending()
     return pending
 
 
+@event.listens_for(Session, "after_commit")
 def _committed(session: Session) -> None:
     pending = session.info.get(_PENDING)
     if isinstance(pending, _Pending):
         pending.committed = True
 
 
+@event.listens_for(Session, "after_transaction_end")
 def _ended(session: Session, transaction: SessionTransaction) -> None:
     if transaction.parent is not None:
         return  # a nested transaction

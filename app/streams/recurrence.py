@@ -429,14 +429,16 @@ class Recurrence:
         statistics: Mapping[str, np.ndarray],
     ) -> None:
         """Each stream's last forecast, residual and statistics, for what reads show."""
-        series = np.stack([forecast, residual, *(statistics[k] for k in self.monitor.kinds)])
+        series = np.array([forecast, residual, *(statistics[k] for k in self.monitor.kinds)])
         known = ~np.isnan(series)  # (quantities, N, T)
-        if not known.any():
-            return
-        last = series.shape[2] - 1 - np.argmax(known[:, :, ::-1], axis=2)  # (quantities, N)
-        newest = np.take_along_axis(series, last[:, :, None], axis=2)[:, :, 0]
-        latest = np.array([state.latest for state in states])
-        latest = np.where(known.any(axis=2).T, newest.T, latest)
+        steps = series.shape[2]
+        if steps == 1:
+            newest, seen = series[:, :, 0], known[:, :, 0]
+        else:
+            last = steps - 1 - np.argmax(known[:, :, ::-1], axis=2)  # (quantities, N)
+            newest = np.take_along_axis(series, last[:, :, None], axis=2)[:, :, 0]
+            seen = known.any(axis=2)
+        latest = np.where(seen.T, newest.T, np.array([state.latest for state in states]))
         for row, state in enumerate(states):
             state.latest = latest[row].copy()  # (a view would keep the whole block alive)
 
@@ -556,9 +558,11 @@ class Recurrence:
         carry = np.array([state.carry for state in states])
         pending = np.array([state.pending for state in states])
         appended = (plan.action == _REAL) | (plan.action == _IMPUTED)
-        breaks = (plan.action == _IMPUTED) | (plan.action == _DROPPED) | plan.fresh
-        breaks[:, 1:] |= appended[:, 1:] != appended[:, :-1]
-        cuts = [0, *np.flatnonzero(breaks[:, 1:].any(axis=0)) + 1, steps]
+        cuts = [0, steps]
+        if steps > 1:
+            breaks = (plan.action == _IMPUTED) | (plan.action == _DROPPED) | plan.fresh
+            breaks[:, 1:] |= appended[:, 1:] != appended[:, :-1]
+            cuts = [0, *np.flatnonzero(breaks[:, 1:].any(axis=0)) + 1, steps]
         for start, stop in itertools.pairwise(cuts):
             rows = np.flatnonzero(appended[:, start])
             if not rows.size:
