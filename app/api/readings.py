@@ -163,6 +163,7 @@ def _respond(state: AppState, answer: dict[str, Any], started: float) -> Respons
     responses=problem_responses(401, 404, 409, 413, 422, 503),
     dependencies=[WriteAccess],
     summary="Ingest a batch of readings",
+    operation_id="postReadings",
     openapi_extra=json_body_openapi(ReadingsIn),
 )
 def post_readings(
@@ -189,6 +190,7 @@ def post_readings(
     responses=problem_responses(401, 404, 409, 413, 422, 503),
     dependencies=[WriteAccess],
     summary="Ingest readings of many streams at once",
+    operation_id="postManyReadings",
     openapi_extra=json_body_openapi(ManyReadingsIn),
 )
 def post_many_readings(
@@ -215,6 +217,7 @@ def post_many_readings(
     response_model=ForecastOut,
     responses=problem_responses(404, 422),
     summary="Direct multi-step forecast from the stream's current window",
+    operation_id="getForecast",
 )
 def get_forecast(
     stream_id: StreamIdPath,
