@@ -19,8 +19,8 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.api import alarms, health, models, readings, streams
-from app.api.bodies import document_json_bodies
 from app.api.deps import AppState
+from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
 from app.forecasting.training import use_one_thread
 from app.metrics import Metrics
@@ -31,7 +31,7 @@ from app.registry import (
     load_models,
     model_directories,
 )
-from app.schemas import ManyReadingsIn, ReadingsIn
+from app.schemas import ManyReadingsIn, Problem, ReadingsIn
 from app.settings import Settings
 from app.storage import migrations
 from app.storage.db import Database
@@ -150,7 +150,7 @@ def create_app(
         lifespan=lifespan,
     )
     install_problem_handlers(app)
-    document_json_bodies(app, [ReadingsIn, ManyReadingsIn])
+    document_schemas(app, [Problem, ReadingsIn, ManyReadingsIn])
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     for module in (health, streams, readings, alarms, models):
         app.include_router(module.router)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
+from fastapi.openapi.constants import REF_TEMPLATE
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -86,10 +88,28 @@ class Problem(BaseModel):
     )
 
 
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+_PROBLEM_DESCRIPTIONS = {
+    400: "Malformed JSON: the body does not parse",
+    401: "The bearer token is missing or wrong",
+    413: "The body (or the number of readings in it) is over the limit",
+    422: "Invalid request or data; a validation error lists every offending field in `errors`",
+}
+
+
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` entries documenting problem answers."""
+    """OpenAPI `responses=` entries documenting problem answers.
+
+    The schema is referenced rather than given as `model`: FastAPI would file a model under the
+    route's own media type (application/json). `app.api.openapi.document_schemas` registers it.
+    """
+    content = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": REF_TEMPLATE.format(model="Problem")}}}
     return {
-        status: {"model": Problem, "content": {"application/problem+json": {}}}
+        status: {
+            "description": _PROBLEM_DESCRIPTIONS.get(status, HTTPStatus(status).phrase),
+            "content": content,
+        }
         for status in statuses
     }
 

@@ -72,7 +72,7 @@ def get_alarm(alarm_id: AlarmIdPath, session: SessionDep) -> AlarmOut:
 @router.post(
     "/{alarm_id}/acknowledge",
     response_model=AlarmOut,
-    responses=problem_responses(401, 404, 422),
+    responses=problem_responses(400, 401, 404, 413, 422),
     dependencies=[WriteAccess],
     summary="Acknowledge an alarm (idempotent: the first acknowledgement is kept)",
     operation_id="acknowledgeAlarm",

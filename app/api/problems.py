@@ -24,10 +24,10 @@ from app.errors import (
     PayloadTooLargeError,
     UnauthorizedError,
 )
+from app.schemas import PROBLEM_MEDIA_TYPE
 
 log = logging.getLogger(__name__)
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_BASE = "https://twinwatch.dev/problems/"
 
 

@@ -160,7 +160,7 @@ def _respond(state: AppState, answer: dict[str, Any], started: float) -> Respons
 @router.post(
     "/streams/{stream_id}/readings",
     response_model=ReadingsOut,
-    responses=problem_responses(401, 404, 409, 413, 422, 503),
+    responses=problem_responses(400, 401, 404, 409, 413, 422, 503),
     dependencies=[WriteAccess],
     summary="Ingest a batch of readings",
     operation_id="postReadings",
@@ -187,7 +187,7 @@ def post_readings(
 @router.post(
     "/readings",
     response_model=ManyReadingsOut,
-    responses=problem_responses(401, 404, 409, 413, 422, 503),
+    responses=problem_responses(400, 401, 404, 409, 413, 422, 503),
     dependencies=[WriteAccess],
     summary="Ingest readings of many streams at once",
     operation_id="postManyReadings",

@@ -56,7 +56,7 @@ def _identity(stream: Stream) -> tuple[str, list[str], bool]:
     "/{stream_id}",
     response_model=StreamOut,
     status_code=status.HTTP_200_OK,
-    responses={201: {"model": StreamOut}, **problem_responses(401, 409, 422)},
+    responses={201: {"model": StreamOut}, **problem_responses(400, 401, 409, 413, 422)},
     dependencies=[WriteAccess],
     summary="Create or update a stream",
     operation_id="putStream",

@@ -11,6 +11,7 @@ from app.main import create_app
 from app.settings import Settings
 
 Operation = tuple[str, str, dict[str, Any]]
+PROBLEM = "application/problem+json"
 
 
 @pytest.fixture(scope="module")
@@ -45,3 +46,26 @@ def test_every_operation_has_a_stable_camel_case_operation_id(openapi: dict[str,
         ("get", "/metrics"): "getMetrics",
     }
     assert len(set(ids.values())) == len(ids)
+
+
+def test_every_error_is_documented_as_problem_json(openapi: dict[str, Any]) -> None:
+    problem = {"schema": {"$ref": "#/components/schemas/Problem"}}
+    for method, path, operation in operations(openapi):
+        for status, response in operation["responses"].items():
+            if int(status) >= 400:
+                assert response["content"] == {PROBLEM: problem}, (method, path, status)
+    schema = openapi["components"]["schemas"]["Problem"]
+    assert set(schema["required"]) == {"type", "title", "status", "detail"}
+    assert "HTTPValidationError" not in openapi["components"]["schemas"]  # FastAPI's own 422
+
+
+def test_every_body_documents_the_400_of_malformed_json(openapi: dict[str, Any]) -> None:
+    with_body = {
+        operation["operationId"]: operation["responses"]
+        for _, _, operation in operations(openapi)
+        if "requestBody" in operation
+    }
+    assert set(with_body) == {"putStream", "postReadings", "postManyReadings", "acknowledgeAlarm"}
+    for operation_id, responses in with_body.items():
+        assert {"400", "413", "422"} <= set(responses), operation_id
+        assert responses["400"]["description"].startswith("Malformed JSON")
