@@ -69,3 +69,23 @@ def test_every_body_documents_the_400_of_malformed_json(openapi: dict[str, Any])
     for operation_id, responses in with_body.items():
         assert {"400", "413", "422"} <= set(responses), operation_id
         assert responses["400"]["description"].startswith("Malformed JSON")
+
+
+def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
+    schemes = openapi["components"]["securitySchemes"]
+    assert schemes["bearerAuth"]["type"] == "http"
+    assert schemes["bearerAuth"]["scheme"] == "bearer"
+    secured = {
+        operation["operationId"]
+        for _, _, operation in operations(openapi)
+        if operation.get("security") == [{"bearerAuth": []}]
+    }
+    assert secured == {
+        "putStream",
+        "deleteStream",
+        "postReadings",
+        "postManyReadings",
+        "acknowledgeAlarm",
+    }
+    for _, _, operation in operations(openapi):
+        assert ("401" in operation["responses"]) == (operation["operationId"] in secured)
