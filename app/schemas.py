@@ -14,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    WithJsonSchema,
     model_validator,
 )
 
@@ -127,6 +128,19 @@ class DetectorOverride(_Body):
 
 class StreamConfig(_Body):
     """The body of `PUT /v1/streams/{stream_id}`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "lstm-stateful-day-seed3",
+                    "sample_period_s": 0.1,
+                    "has_reference": True,
+                    "detectors": {"point": {"threshold": 0.6}, "cusum": {"enabled": False}},
+                }
+            ]
+        }
+    )
 
     model: ModelName | None = Field(
         None, description="A loaded model's name; the server's default model when omitted."
@@ -255,10 +269,21 @@ class StreamList(BaseModel):
 # --- readings ----------------------------------------------------------------------------------
 
 
+ReadingTime = Annotated[
+    AwareDatetime,
+    # What pydantic accepts, not only the string it would generate a schema for.
+    WithJsonSchema({"anyOf": [{"type": "string", "format": "date-time"}, {"type": "number"}]}),
+]
+
+
 class ReadingIn(_Body):
     """One reading. `t`: RFC 3339 with a time zone, or seconds since the Unix epoch."""
 
-    t: AwareDatetime = Field(description="RFC 3339 time with zone, or epoch seconds.")
+    t: ReadingTime = Field(
+        description="When the sensor read the value: an RFC 3339 time with its offset, or "
+        "seconds since the Unix epoch (UTC).",
+        examples=["2026-01-01T00:00:00.1Z", 1767225600.1],
+    )
     value: FiniteFloat | None = Field(
         None, description="The reading of a single-channel stream; null when it is missing."
     )
@@ -279,6 +304,20 @@ class ReadingIn(_Body):
 
 
 class ReadingsIn(_Body):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "readings": [
+                        {"t": "2026-01-01T00:00:00Z", "value": 1.02, "reference": 1.0},
+                        {"t": "2026-01-01T00:00:00.1Z", "value": None, "reference": 1.03},
+                    ]
+                },
+                {"readings": [{"t": 1767225600.2, "value": 1.07}]},
+            ]
+        }
+    )
+
     readings: list[ReadingIn] = Field(description="In increasing time order.")
 
 
@@ -289,6 +328,19 @@ class StreamReadingsIn(_Body):
 
 class ManyReadingsIn(_Body):
     """Readings of many streams in one request (a gateway's tick): one transaction."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "streams": [
+                        {"stream": "pump-1", "readings": [{"t": 1767225600.2, "value": 1.07}]},
+                        {"stream": "pump-2", "readings": [{"t": 1767225600.2, "value": 0.98}]},
+                    ]
+                }
+            ]
+        }
+    )
 
     streams: list[StreamReadingsIn] = Field(description="Each stream at most once.")
 
@@ -339,6 +391,8 @@ class AlarmPageOut(BaseModel):
 
 
 class AcknowledgeIn(_Body):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"by": "jane"}]})
+
     by: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)] = (
         Field(description="Who acknowledges (a person or a system).")
     )

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
+from app import schemas
 from app.main import create_app
 from app.settings import Settings
 
@@ -89,3 +92,26 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
     }
     for _, _, operation in operations(openapi):
         assert ("401" in operation["responses"]) == (operation["operationId"] in secured)
+
+
+def test_every_request_body_has_examples_its_model_accepts(openapi: dict[str, Any]) -> None:
+    bodies = [op["requestBody"] for _, _, op in operations(openapi) if "requestBody" in op]
+    assert len(bodies) == 4
+    for body in bodies:
+        ref = body["content"]["application/json"]["schema"]["$ref"]
+        name = ref.removeprefix("#/components/schemas/")
+        examples = openapi["components"]["schemas"][name]["examples"]
+        assert examples, name
+        model: type[BaseModel] = getattr(schemas, name)
+        for example in examples:
+            model.model_validate_json(json.dumps(example))  # as a client would send it
+
+
+def test_a_reading_time_is_documented_as_rfc_3339_or_epoch_seconds(
+    openapi: dict[str, Any],
+) -> None:
+    t = openapi["components"]["schemas"]["ReadingIn"]["properties"]["t"]
+    assert {"type": "string", "format": "date-time"} in t["anyOf"]
+    assert {"type": "number"} in t["anyOf"]
+    assert "RFC 3339" in t["description"] and "epoch" in t["description"]
+    assert {type(example) for example in t["examples"]} == {str, float}
