@@ -23,6 +23,7 @@ from app.api.deps import AppState
 from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
 from app.forecasting.training import use_one_thread
+from app.logs import RequestIdMiddleware
 from app.metrics import Metrics
 from app.registry import (
     ArtifactLoader,
@@ -152,6 +153,7 @@ def create_app(
     install_problem_handlers(app)
     document_schemas(app, [Problem, ReadingsIn, ManyReadingsIn])
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 413 carries it too
     for module in (health, streams, readings, alarms, models):
         app.include_router(module.router)
     return app

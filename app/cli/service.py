@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated
 
 import typer
 
+from app.logs import configure_logging
 from app.settings import load_settings
 from app.storage import migrations
 
@@ -34,15 +34,13 @@ def serve_command(
         settings = settings.model_copy(
             update={"host": host or settings.host, "port": settings.port if port is None else port}
         )
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings)
     # One worker: the stream engine's state lives in this process (scale by sharding streams).
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
-        log_level=settings.log_level,
+        log_config=None,  # configure_logging's handler and format serve uvicorn's loggers too
         workers=1,
     )
 
