@@ -7,9 +7,8 @@ records them in the models table and yields the typed `AppState` that requests r
 
 from __future__ import annotations
 
-import gc
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import TypedDict
@@ -19,10 +18,11 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.api import alarms, health, models, readings, streams
-from app.api.bodies import document_json_bodies
 from app.api.deps import AppState
+from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
 from app.forecasting.training import use_one_thread
+from app.logs import RequestIdMiddleware
 from app.metrics import Metrics
 from app.registry import (
     ArtifactLoader,
@@ -31,7 +31,7 @@ from app.registry import (
     load_models,
     model_directories,
 )
-from app.schemas import ManyReadingsIn, ReadingsIn
+from app.schemas import ManyReadingsIn, Problem, ReadingsIn
 from app.settings import Settings
 from app.storage import migrations
 from app.storage.db import Database
@@ -44,13 +44,6 @@ log = logging.getLogger(__name__)
 
 class LifespanState(TypedDict):
     twinwatch: AppState
-
-
-GC_THRESHOLDS = (50_000, 20, 100)
-"""The cyclic collector's thresholds while serving. A request holds thousands of objects at once
-that reference counting frees (1,000 readings, or 500 streams' results): at Python's default
-(700, 10, 10) a 500-stream tick ran a dozen young collections, a third of its CPU (measured:
-67 us per stream-reading, 43 with these). Cyclic garbage waits longer, bounded by them."""
 
 
 def register_models(database: Database, registry: ModelRegistry) -> None:
@@ -116,9 +109,15 @@ def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -
 
 
 def create_app(
-    settings: Settings | None = None, *, artifact_loader: ArtifactLoader | None = None
+    settings: Settings | None = None,
+    *,
+    artifact_loader: ArtifactLoader | None = None,
+    after_startup: Callable[[], None] | None = None,
 ) -> FastAPI:
-    """A new app. `artifact_loader` replaces `load_model` (tests pass tiny fake artifacts)."""
+    """A new app. `artifact_loader` replaces `load_model` (tests pass tiny fake artifacts);
+    `after_startup` runs once the lifespan has loaded everything, before the first request:
+    where a server process tunes process-wide settings (`twinwatch serve` freezes the loaded
+    objects out of the garbage collector), which an app shared with others must not touch."""
     settings = settings if settings is not None else Settings()
     loader = artifact_loader if artifact_loader is not None else default_loader
     metrics = Metrics()
@@ -126,13 +125,9 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[LifespanState]:
         state = await anyio.to_thread.run_sync(open_state, settings, metrics, loader)
-        # Everything loaded so far (the models, the stream states) lives as long as the
-        # process: keep it out of the cyclic collector's full passes, which otherwise cost
-        # a few hundred milliseconds in whichever request triggers one.
-        gc.collect()
-        gc.freeze()
-        gc.set_threshold(*GC_THRESHOLDS)
         try:
+            if after_startup is not None:
+                after_startup()
             yield {"twinwatch": state}
         finally:
             try:
@@ -150,8 +145,9 @@ def create_app(
         lifespan=lifespan,
     )
     install_problem_handlers(app)
-    document_json_bodies(app, [ReadingsIn, ManyReadingsIn])
+    document_schemas(app, [Problem, ReadingsIn, ManyReadingsIn])
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 413 carries it too
     for module in (health, streams, readings, alarms, models):
         app.include_router(module.router)
     return app

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from datetime import datetime
+from http import HTTPStatus
 from typing import Annotated, Any, Literal
 
+from fastapi.openapi.constants import REF_TEMPLATE
 from pydantic import (
     AfterValidator,
     AwareDatetime,
@@ -12,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    WithJsonSchema,
     model_validator,
 )
 
@@ -86,10 +89,28 @@ class Problem(BaseModel):
     )
 
 
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+
+_PROBLEM_DESCRIPTIONS = {
+    400: "Malformed JSON: the body does not parse",
+    401: "The bearer token is missing or wrong",
+    413: "The body (or the number of readings in it) is over the limit",
+    422: "Invalid request or data; a validation error lists every offending field in `errors`",
+}
+
+
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI `responses=` entries documenting problem answers."""
+    """OpenAPI `responses=` entries documenting problem answers.
+
+    The schema is referenced rather than given as `model`: FastAPI would file a model under the
+    route's own media type (application/json). `app.api.openapi.document_schemas` registers it.
+    """
+    content = {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": REF_TEMPLATE.format(model="Problem")}}}
     return {
-        status: {"model": Problem, "content": {"application/problem+json": {}}}
+        status: {
+            "description": _PROBLEM_DESCRIPTIONS.get(status, HTTPStatus(status).phrase),
+            "content": content,
+        }
         for status in statuses
     }
 
@@ -107,6 +128,19 @@ class DetectorOverride(_Body):
 
 class StreamConfig(_Body):
     """The body of `PUT /v1/streams/{stream_id}`."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "model": "lstm-stateful-day-seed3",
+                    "sample_period_s": 0.1,
+                    "has_reference": True,
+                    "detectors": {"point": {"threshold": 0.6}, "cusum": {"enabled": False}},
+                }
+            ]
+        }
+    )
 
     model: ModelName | None = Field(
         None, description="A loaded model's name; the server's default model when omitted."
@@ -235,10 +269,21 @@ class StreamList(BaseModel):
 # --- readings ----------------------------------------------------------------------------------
 
 
+ReadingTime = Annotated[
+    AwareDatetime,
+    # What pydantic accepts, not only the string it would generate a schema for.
+    WithJsonSchema({"anyOf": [{"type": "string", "format": "date-time"}, {"type": "number"}]}),
+]
+
+
 class ReadingIn(_Body):
     """One reading. `t`: RFC 3339 with a time zone, or seconds since the Unix epoch."""
 
-    t: AwareDatetime = Field(description="RFC 3339 time with zone, or epoch seconds.")
+    t: ReadingTime = Field(
+        description="When the sensor read the value: an RFC 3339 time with its offset, or "
+        "seconds since the Unix epoch (UTC).",
+        examples=["2026-01-01T00:00:00.1Z", 1767225600.1],
+    )
     value: FiniteFloat | None = Field(
         None, description="The reading of a single-channel stream; null when it is missing."
     )
@@ -259,6 +304,20 @@ class ReadingIn(_Body):
 
 
 class ReadingsIn(_Body):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "readings": [
+                        {"t": "2026-01-01T00:00:00Z", "value": 1.02, "reference": 1.0},
+                        {"t": "2026-01-01T00:00:00.1Z", "value": None, "reference": 1.03},
+                    ]
+                },
+                {"readings": [{"t": 1767225600.2, "value": 1.07}]},
+            ]
+        }
+    )
+
     readings: list[ReadingIn] = Field(description="In increasing time order.")
 
 
@@ -269,6 +328,19 @@ class StreamReadingsIn(_Body):
 
 class ManyReadingsIn(_Body):
     """Readings of many streams in one request (a gateway's tick): one transaction."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "streams": [
+                        {"stream": "pump-1", "readings": [{"t": 1767225600.2, "value": 1.07}]},
+                        {"stream": "pump-2", "readings": [{"t": 1767225600.2, "value": 0.98}]},
+                    ]
+                }
+            ]
+        }
+    )
 
     streams: list[StreamReadingsIn] = Field(description="Each stream at most once.")
 
@@ -319,6 +391,8 @@ class AlarmPageOut(BaseModel):
 
 
 class AcknowledgeIn(_Body):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"by": "jane"}]})
+
     by: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)] = (
         Field(description="Who acknowledges (a person or a system).")
     )

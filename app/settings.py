@@ -56,15 +56,20 @@ class Settings(BaseSettings):
         "at most this many readings per stream; fewer costs more writes while ingesting.",
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        "text",
+        description="`json`: one JSON object a line (time, level, logger, message, request_id) "
+        "for a log collector; uvicorn's lines too.",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     migrate_on_start: bool = Field(
         True, description="Apply Alembic migrations when the app starts (first run needs nothing)."
     )
 
-    @field_validator("log_level", mode="before")
+    @field_validator("log_level", "log_format", mode="before")
     @classmethod
-    def _lower_log_level(cls, value: object) -> object:
+    def _lower_case(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
     @field_validator("api_token", mode="before")

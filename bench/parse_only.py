@@ -2,9 +2,9 @@
 
 By default this is the REAL service app (`app.main.create_app` with its settings, lifespan,
 problem handlers and body-size middleware, built and served exactly as `twinwatch serve` does:
-uvicorn, one worker, the same logging set-up) plus two routes of its own, each with the real
-endpoint's body model (`ReadingsIn`), path validation, `WriteAccess` dependency and a plain
-`def` handler (run in the thread pool, like the real one):
+uvicorn, one worker, the same logging set-up and garbage-collector tuning) plus two routes of
+its own, each with the real endpoint's body model (`ReadingsIn`), path validation, `WriteAccess`
+dependency and a plain `def` handler (run in the thread pool, like the real one):
 
 - `POST /v1/parse-only/{id}/readings` validates and answers `{"accepted": n}`: HTTP + JSON +
   pydantic inside the real app, the floor under any ingest;
@@ -25,7 +25,6 @@ Run: `python bench/parse_only.py --port 8001 [--bare]`.
 from __future__ import annotations
 
 import argparse
-import logging
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Response
@@ -34,6 +33,7 @@ from app.api.deps import WriteAccess
 from app.api.problems import BodySizeLimitMiddleware
 from app.api.readings import ReadingsBody
 from app.api.streams import StreamIdPath
+from app.logs import configure_logging
 from app.schemas import ReadingResult, ReadingsOut
 from app.settings import Settings, load_settings
 
@@ -77,9 +77,10 @@ def ceiling_router(*, bare: bool = False) -> APIRouter:
 
 def create_real_app(settings: Settings) -> FastAPI:
     """The service's own app (lifespan, middleware, handlers) with the ceiling routes added."""
+    from app.cli.service import tune_gc_for_serving
     from app.main import create_app
 
-    app = create_app(settings)
+    app = create_app(settings, after_startup=tune_gc_for_serving)
     app.include_router(ceiling_router())
     return app
 
@@ -108,13 +109,9 @@ def main() -> None:
         update={"host": args.host, "port": args.port, "log_level": args.log_level}
     )
     # As `twinwatch serve` (app/cli/service.py) sets up logging and uvicorn.
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings)
     app = create_bare_app(settings) if args.bare else create_real_app(settings)
-    uvicorn.run(
-        app, host=settings.host, port=settings.port, log_level=settings.log_level, workers=1
-    )
+    uvicorn.run(app, host=settings.host, port=settings.port, log_config=None, workers=1)
 
 
 if __name__ == "__main__":

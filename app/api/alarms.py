@@ -27,6 +27,7 @@ AlarmIdPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="The alarm's i
     response_model=AlarmPageOut,
     responses=problem_responses(422),
     summary="Alarms, newest first",
+    operation_id="listAlarms",
 )
 def list_alarms(
     session: SessionDep,
@@ -62,6 +63,7 @@ def list_alarms(
     response_model=AlarmOut,
     responses=problem_responses(404, 422),
     summary="One alarm",
+    operation_id="getAlarm",
 )
 def get_alarm(alarm_id: AlarmIdPath, session: SessionDep) -> AlarmOut:
     return AlarmOut.of(alarm_repo.require(session, alarm_id))
@@ -70,9 +72,10 @@ def get_alarm(alarm_id: AlarmIdPath, session: SessionDep) -> AlarmOut:
 @router.post(
     "/{alarm_id}/acknowledge",
     response_model=AlarmOut,
-    responses=problem_responses(401, 404, 422),
+    responses=problem_responses(400, 401, 404, 413, 422),
     dependencies=[WriteAccess],
     summary="Acknowledge an alarm (idempotent: the first acknowledgement is kept)",
+    operation_id="acknowledgeAlarm",
 )
 def acknowledge_alarm(alarm_id: AlarmIdPath, body: AcknowledgeIn, session: SessionDep) -> AlarmOut:
     return AlarmOut.of(alarm_repo.acknowledge(session, alarm_id, by=body.by, now=utcnow()))

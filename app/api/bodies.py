@@ -4,7 +4,7 @@ FastAPI parses a JSON body with `json.loads` and then validates the Python objec
 gateway's tick of 500 streams that is twice the work, and thousands of short-lived objects for
 the garbage collector. `json_body(Model)` validates the bytes in one pass (the same model, the
 same errors under `body`, the same 400 for malformed JSON); `json_body_openapi` documents the
-body, which FastAPI no longer sees, and `document_json_bodies` adds its schemas to the spec.
+body, which FastAPI no longer sees, and `app.api.openapi.document_schemas` adds its schemas.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from __future__ import annotations
 from email.message import Message
 from typing import Any, TypeVar
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.constants import REF_TEMPLATE
 from pydantic import BaseModel, ValidationError
 
-REF = "#/components/schemas/{model}"
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -55,22 +55,5 @@ def json_body(model: type[M]) -> Any:
 
 def json_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
     """The `openapi_extra` of a route whose body is `json_body(model)`."""
-    schema = {"$ref": REF.format(model=model.__name__)}
+    schema = {"$ref": REF_TEMPLATE.format(model=model.__name__)}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-def document_json_bodies(app: FastAPI, models: list[type[BaseModel]]) -> None:
-    """Make `app.openapi` add the schemas of the `json_body` models to FastAPI's."""
-    generate = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = generate()  # (FastAPI keeps it in app.openapi_schema)
-            components = schema.setdefault("components", {}).setdefault("schemas", {})
-            for model in models:
-                body = model.model_json_schema(ref_template=REF)
-                components.update(body.pop("$defs", {}))
-                components[model.__name__] = body
-        return app.openapi_schema or {}
-
-    app.openapi = openapi  # type: ignore[method-assign]

@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from typing import Annotated
 
 import anyio
-from fastapi import Depends, Request
+from fastapi import Depends, Request, Security
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from app.errors import UnauthorizedError
@@ -92,15 +93,24 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
-async def require_token(request: Request, settings: SettingsDep) -> None:
+bearer_auth = HTTPBearer(
+    scheme_name="bearerAuth",
+    description="The server's TWINWATCH_API_TOKEN; writes need it when one is set.",
+    auto_error=False,  # a missing token is answered by `require_token`, as problem JSON
+)
+"""Declares the security scheme in OpenAPI (Swagger UI's Authorize button) and reads the header."""
+
+BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer_auth)]
+
+
+async def require_token(settings: SettingsDep, bearer: BearerCredentials) -> None:
     """With an API token configured, a write needs `Authorization: Bearer <token>`."""
     if settings.api_token is None:
         return
-    scheme, _, credentials = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer" or not credentials:
+    if bearer is None:
         raise UnauthorizedError("this endpoint needs an 'Authorization: Bearer <token>' header")
     expected = settings.api_token.get_secret_value().encode()
-    if not hmac.compare_digest(credentials.strip().encode(), expected):
+    if not hmac.compare_digest(bearer.credentials.encode(), expected):
         raise UnauthorizedError("the bearer token is not valid")
 
 

@@ -18,7 +18,9 @@ class NotReadyError(AppError):
     type_slug = "not-ready"
 
 
-@router.get("/healthz", response_model=Health, summary="The process is alive")
+@router.get(
+    "/healthz", response_model=Health, summary="The process is alive", operation_id="getHealth"
+)
 def healthz() -> Health:
     return Health()
 
@@ -28,6 +30,7 @@ def healthz() -> Health:
     response_model=Ready,
     responses=problem_responses(503),
     summary="The database answers and the default model is loaded",
+    operation_id="getReadiness",
 )
 def readyz(state: StateDep) -> Ready:
     checks: dict[str, str] = {}
@@ -54,6 +57,7 @@ def readyz(state: StateDep) -> Ready:
     "/metrics",
     response_class=Response,
     summary="Prometheus text exposition",
+    operation_id="getMetrics",
     responses={200: {"content": {"text/plain": {}}}},
 )
 def metrics(state: StateDep) -> Response:

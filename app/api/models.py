@@ -10,6 +10,6 @@ from app.schemas import ModelList, ModelOut
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
 
-@router.get("", response_model=ModelList, summary="Loaded models")
+@router.get("", response_model=ModelList, summary="Loaded models", operation_id="listModels")
 def list_models(registry: RegistryDep) -> ModelList:
     return ModelList(items=[ModelOut.of(model) for model in registry])

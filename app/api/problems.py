@@ -24,10 +24,11 @@ from app.errors import (
     PayloadTooLargeError,
     UnauthorizedError,
 )
+from app.logs import REQUEST_ID_HEADER, current_request_id
+from app.schemas import PROBLEM_MEDIA_TYPE
 
 log = logging.getLogger(__name__)
 
-PROBLEM_MEDIA_TYPE = "application/problem+json"
 PROBLEM_BASE = "https://twinwatch.dev/problems/"
 
 
@@ -141,12 +142,15 @@ def _default_detail(exc: HTTPException, request: Request) -> str:
 
 async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    # Starlette answers a 500 outside every middleware: RequestIdMiddleware cannot add its header.
+    request_id = current_request_id.get()
     return problem_response(
         status=HTTPStatus.INTERNAL_SERVER_ERROR,
         title="Internal server error",
         detail="an unexpected error occurred; it has been logged",
         slug="internal-error",
         instance=request.url.path,
+        headers={REQUEST_ID_HEADER: request_id} if request_id is not None else None,
     )
 
 

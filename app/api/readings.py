@@ -160,9 +160,10 @@ def _respond(state: AppState, answer: dict[str, Any], started: float) -> Respons
 @router.post(
     "/streams/{stream_id}/readings",
     response_model=ReadingsOut,
-    responses=problem_responses(401, 404, 409, 413, 422, 503),
+    responses=problem_responses(400, 401, 404, 409, 413, 422, 503),
     dependencies=[WriteAccess],
     summary="Ingest a batch of readings",
+    operation_id="postReadings",
     openapi_extra=json_body_openapi(ReadingsIn),
 )
 def post_readings(
@@ -187,9 +188,10 @@ def post_readings(
 @router.post(
     "/readings",
     response_model=ManyReadingsOut,
-    responses=problem_responses(401, 404, 409, 413, 422, 503),
+    responses=problem_responses(400, 401, 404, 409, 413, 422, 503),
     dependencies=[WriteAccess],
     summary="Ingest readings of many streams at once",
+    operation_id="postManyReadings",
     openapi_extra=json_body_openapi(ManyReadingsIn),
 )
 def post_many_readings(
@@ -217,6 +219,7 @@ def post_many_readings(
     response_model=ForecastOut,
     responses=problem_responses(404, 422),
     summary="Direct multi-step forecast from the stream's current window",
+    operation_id="getForecast",
 )
 def get_forecast(
     stream_id: StreamIdPath,

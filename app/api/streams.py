@@ -56,9 +56,10 @@ def _identity(stream: Stream) -> tuple[str, list[str], bool]:
     "/{stream_id}",
     response_model=StreamOut,
     status_code=status.HTTP_200_OK,
-    responses={201: {"model": StreamOut}, **problem_responses(401, 409, 422)},
+    responses={201: {"model": StreamOut}, **problem_responses(400, 401, 409, 413, 422)},
     dependencies=[WriteAccess],
     summary="Create or update a stream",
+    operation_id="putStream",
 )
 def put_stream(
     stream_id: StreamIdPath,
@@ -155,7 +156,7 @@ def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
     )
 
 
-@router.get("", response_model=StreamList, summary="All streams")
+@router.get("", response_model=StreamList, summary="All streams", operation_id="listStreams")
 def list_streams(session: SessionDep, state: StateDep) -> StreamList:
     open_by_stream: dict[str, list[Alarm]] = defaultdict(list)
     for alarm in alarm_repo.list_open(session):
@@ -177,6 +178,7 @@ def list_streams(session: SessionDep, state: StateDep) -> StreamList:
     response_model=StreamOut,
     responses=problem_responses(404, 422),
     summary="One stream with its open alarms",
+    operation_id="getStream",
 )
 def get_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) -> StreamOut:
     return _described(state, session, stream_repo.require(session, stream_id))
@@ -189,6 +191,7 @@ def get_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) ->
     responses=problem_responses(401, 404, 422),
     dependencies=[WriteAccess],
     summary="Delete a stream with its readings, checkpoint and alarms",
+    operation_id="deleteStream",
 )
 def delete_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) -> Response:
     stream_repo.require(session, stream_id)

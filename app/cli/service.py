@@ -2,13 +2,30 @@
 
 from __future__ import annotations
 
-import logging
+import gc
 from typing import Annotated
 
 import typer
 
+from app.logs import configure_logging
 from app.settings import load_settings
 from app.storage import migrations
+
+GC_THRESHOLDS = (50_000, 20, 100)
+"""The cyclic collector's thresholds while serving. A request holds thousands of objects at once
+that reference counting frees (1,000 readings, or 500 streams' results): at Python's default
+(700, 10, 10) a 500-stream tick ran a dozen young collections, a third of its CPU (measured:
+67 us per stream-reading, 43 with these). Cyclic garbage waits longer, bounded by them."""
+
+
+def tune_gc_for_serving() -> None:
+    """Everything loaded so far (the models, the stream states) lives as long as the process:
+    keep it out of the cyclic collector's full passes, which otherwise cost a few hundred
+    milliseconds in whichever request triggers one. Process-wide, so the serving process does
+    it (through `create_app(after_startup=...)`), never the app factory."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def serve_command(
@@ -34,15 +51,13 @@ def serve_command(
         settings = settings.model_copy(
             update={"host": host or settings.host, "port": settings.port if port is None else port}
         )
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(settings)
     # One worker: the stream engine's state lives in this process (scale by sharding streams).
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, after_startup=tune_gc_for_serving),
         host=settings.host,
         port=settings.port,
-        log_level=settings.log_level,
+        log_config=None,  # configure_logging's handler and format serve uvicorn's loggers too
         workers=1,
     )
 

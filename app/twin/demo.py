@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from app.errors import AppError
+from app.logs import configure_logging
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.evaluation import DETECTION_MARGIN, RECOVERY, MonitoredRecord
 from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
@@ -288,9 +289,9 @@ def serve_in_thread(settings: Settings) -> Iterator[str]:
         sock.close()
         raise AppError(f"cannot listen on {settings.host}:{settings.port}: {exc}") from None
     host, port = sock.getsockname()[:2]
-    config = uvicorn.Config(
-        create_app(settings), log_level="warning", lifespan="on", access_log=False
-    )
+    # The live view owns the console: warnings and errors only, in the configured format.
+    configure_logging(settings.model_copy(update={"log_level": "warning"}))
+    config = uvicorn.Config(create_app(settings), log_config=None, lifespan="on", access_log=False)
     server = _Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="twinwatch-demo-server", daemon=True

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -23,20 +25,22 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str], Path]]:
+@contextmanager
+def serving(tmp_path: Path, **env: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`twinwatch serve` on a fresh data directory, with `TWINWATCH_*` variables from `env`."""
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TWINWATCH_")}
-    env |= {
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("TWINWATCH_")}
+    environment |= {
         "TWINWATCH_DATA_DIR": str(tmp_path / "data"),
         "TWINWATCH_MODELS_DIR": str(tmp_path / "no-models"),
         "TWINWATCH_SHIPPED_MODELS": "false",
         "TWINWATCH_DEFAULT_MODEL": "lstm-seed0",
         "TWINWATCH_LOG_LEVEL": "info",
+        **{f"TWINWATCH_{name.upper()}": value for name, value in env.items()},
     }
     process = subprocess.Popen(
         [sys.executable, "-c", "from app.cli import main; main()", "serve", "--port", str(port)],
-        env=env,
+        env=environment,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -56,11 +60,17 @@ def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str], Path]]:
                 if time.monotonic() > deadline:
                     pytest.fail("serve did not start listening")
                 time.sleep(0.1)
-        yield base, process, tmp_path
+        yield base, process
     finally:
         if process.poll() is None:
             process.kill()
             process.wait()
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[str], Path]]:
+    with serving(tmp_path) as (base, process):
+        yield base, process, tmp_path
 
 
 def test_serve_starts_on_a_fresh_data_dir_and_stops_on_sigterm(
@@ -80,3 +90,19 @@ def test_serve_starts_on_a_fresh_data_dir_and_stops_on_sigterm(
     # uvicorn shuts down gracefully (the lifespan closes the database), then re-raises SIGTERM.
     assert process.returncode in (0, -signal.SIGTERM)
     assert "Application shutdown complete" in output
+
+
+def test_serve_logs_json_lines_uvicorn_included_with_the_request_id(tmp_path: Path) -> None:
+    with serving(tmp_path, log_format="json") as (base, process):
+        response = httpx.get(f"{base}/healthz", headers={"X-Request-ID": "e2e-7"})
+        assert response.headers["X-Request-ID"] == "e2e-7"
+        process.send_signal(signal.SIGTERM)
+        output, _ = process.communicate(timeout=30)
+    lines = [json.loads(line) for line in output.splitlines()]  # every line, or it fails here
+    by_logger = {line["logger"] for line in lines}
+    assert {"uvicorn.error", "uvicorn.access", "app.registry"} <= by_logger
+    access = [line for line in lines if line["logger"] == "uvicorn.access"]
+    assert all("request_id" in line for line in access)  # the start-up polls got one made
+    (ours,) = [line for line in access if line["request_id"] == "e2e-7"]
+    assert '"GET /healthz HTTP/1.1" 200' in ours["message"]
+    assert any(line["message"] == "Application shutdown complete." for line in lines)

@@ -28,6 +28,7 @@ from app.errors import ArtifactError
 from app.forecasting.base import Forecaster
 from app.forecasting.baselines import Naive
 from app.main import create_app
+from app.registry import ArtifactLoader
 from app.settings import Settings
 from app.storage import migrations
 from app.storage.db import Database
@@ -203,10 +204,16 @@ AppFactory = Callable[..., TestClient]
 
 @pytest.fixture
 def make_client(database: Database, models_dir: Path, tmp_path: Path) -> Iterator[AppFactory]:
-    """Build (and start) an app on the test database; keyword arguments override settings."""
+    """Build (and start) an app on the test database; other keyword arguments than
+    `create_app`'s override settings."""
     clients: list[TestClient] = []
 
-    def make(**overrides: Any) -> TestClient:
+    def make(
+        *,
+        artifact_loader: ArtifactLoader = fake_loader,
+        after_startup: Callable[[], None] | None = None,
+        **overrides: Any,
+    ) -> TestClient:
         values: dict[str, Any] = {
             "database_url": database.url,
             "models_dir": models_dir,
@@ -216,7 +223,10 @@ def make_client(database: Database, models_dir: Path, tmp_path: Path) -> Iterato
             "shipped_models": False,  # the fake artifacts only
             **overrides,
         }
-        client = TestClient(create_app(Settings(**values), artifact_loader=fake_loader))
+        app = create_app(
+            Settings(**values), artifact_loader=artifact_loader, after_startup=after_startup
+        )
+        client = TestClient(app)
         client.__enter__()
         clients.append(client)
         return client

@@ -28,6 +28,7 @@ def test_defaults() -> None:
     assert settings.max_batch == 10_000
     assert settings.max_body_bytes == 8 * 1024 * 1024
     assert settings.migrate_on_start is True
+    assert settings.log_format == "text"
 
 
 def test_environment_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -36,6 +37,7 @@ def test_environment_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     monkeypatch.setenv("TWINWATCH_LOG_LEVEL", "DEBUG")
     monkeypatch.setenv("TWINWATCH_API_TOKEN", "x" * 20)
     monkeypatch.setenv("TWINWATCH_MIGRATE_ON_START", "false")
+    monkeypatch.setenv("TWINWATCH_LOG_FORMAT", "JSON")
     settings = Settings()
     assert settings.database_url == f"sqlite:///{tmp_path}/d/twinwatch.db"
     assert settings.max_batch == 500
@@ -43,6 +45,7 @@ def test_environment_overrides(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) 
     assert settings.api_token is not None and settings.api_token.get_secret_value() == "x" * 20
     assert "x" * 20 not in repr(settings)  # the secret never shows in logs
     assert settings.migrate_on_start is False
+    assert settings.log_format == "json"
 
     monkeypatch.setenv("TWINWATCH_DATABASE_URL", "postgresql+psycopg://u@h/db")
     assert Settings().database_url == "postgresql+psycopg://u@h/db"
@@ -60,6 +63,10 @@ def test_weak_or_bad_values_are_refused(monkeypatch: pytest.MonkeyPatch) -> None
         Settings(max_batch=0)
     monkeypatch.setenv("TWINWATCH_PORT", "http")
     with pytest.raises(AppError, match="TWINWATCH_PORT"):
+        load_settings()
+    monkeypatch.delenv("TWINWATCH_PORT")
+    monkeypatch.setenv("TWINWATCH_LOG_FORMAT", "logfmt")
+    with pytest.raises(AppError, match="TWINWATCH_LOG_FORMAT"):
         load_settings()
 
 

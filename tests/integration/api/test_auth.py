@@ -25,7 +25,12 @@ def test_writes_without_the_token_are_401(guarded: TestClient, database: Databas
         ("DELETE", "/v1/streams/existing", None),
         ("POST", f"/v1/alarms/{alarm_id}/acknowledge", {"by": "mallory"}),
     ]
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {TOKEN}"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "Bearer "},
+        {"Authorization": f"Basic {TOKEN}"},
+    ):
         for method, url, body in attempts:
             response = guarded.request(method, url, json=body, headers=headers)
             assert response.status_code == 401, (method, url, headers)
@@ -42,6 +47,9 @@ def test_writes_with_the_token_succeed(guarded: TestClient) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     assert guarded.put("/v1/streams/pump-1", json={}, headers=auth).status_code == 201
     assert guarded.delete("/v1/streams/pump-1", headers=auth).status_code == 204
+    # The scheme is case-insensitive and the token may carry surrounding blanks.
+    relaxed = {"Authorization": f"bearer  {TOKEN} "}
+    assert guarded.put("/v1/streams/pump-1", json={}, headers=relaxed).status_code == 201
 
 
 def test_reads_need_no_token(guarded: TestClient) -> None:

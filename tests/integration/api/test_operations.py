@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 from fastapi.testclient import TestClient
@@ -16,6 +17,7 @@ from app.storage.repositories import model_entries
 from tests.integration.conftest import (
     LAB_LIKE_THRESHOLDS,
     AppFactory,
+    FakeArtifact,
     fake_loader,
     write_fake_model,
 )
@@ -159,3 +161,24 @@ def test_a_missing_models_directory_starts_but_is_not_ready(
     assert client.get("/v1/models").json() == {"items": []}
     assert client.get("/readyz").status_code == 503
     assert client.put("/v1/streams/pump-1", json={}).status_code == 422
+
+
+def test_starting_an_app_leaves_the_garbage_collector_alone(make_client: AppFactory) -> None:
+    # Tests build many apps in one process: process-wide settings are `twinwatch serve`'s.
+    before = (gc.get_threshold(), gc.get_freeze_count())
+    make_client()
+    assert (gc.get_threshold(), gc.get_freeze_count()) == before
+
+
+def test_after_startup_runs_once_everything_is_loaded(make_client: AppFactory) -> None:
+    events: list[str] = []
+
+    def loader(directory: Path) -> FakeArtifact:
+        events.append(f"load {directory.name}")
+        return fake_loader(directory)
+
+    client = make_client(artifact_loader=loader, after_startup=lambda: events.append("hook"))
+    assert sorted(events[:-1]) == ["load broken", "load lstm-seed0", "load naive-2ch"]
+    assert events[-1] == "hook"  # once, before the first request
+    assert client.get("/readyz").status_code == 200
+    assert events.count("hook") == 1

@@ -38,6 +38,24 @@ def test_malformed_json_is_400(client: TestClient) -> None:
 
 
 @pytest.mark.parametrize(
+    ("method", "url"),
+    [
+        ("PUT", "/v1/streams/pump-1"),
+        ("POST", "/v1/streams/pump-1/readings"),
+        ("POST", "/v1/readings"),
+        ("POST", "/v1/alarms/1/acknowledge"),
+    ],
+)
+def test_every_body_endpoint_answers_malformed_json_with_400(
+    client: TestClient, method: str, url: str
+) -> None:
+    response = client.request(
+        method, url, content=b'{"by": ', headers={"content-type": "application/json"}
+    )
+    assert_problem(response, 400, "malformed-json")
+
+
+@pytest.mark.parametrize(
     "body",
     [
         b"[" * 100_000 + b"]" * 100_000,  # deeper than the JSON parser's recursion limit
