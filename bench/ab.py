@@ -2,10 +2,11 @@
 
 The machine is shared and noisy (runs of the same code minutes apart differ by 20-40%), so a
 change is measured against its base in one session: a server per checkout (each on its own
-SQLite file, each with its own copy of the shipped stateful model), the same kind of request sent to each
-in alternating rounds (a round of `--per-round` requests to each server, the order reversed every
-round), and the median latency of each. `--ceiling` adds the last checkout's parse-only ceiling
-(bench/parse_only.py) to the rounds and prints each server's ratio to it, as bench/ingest.py does.
+SQLite file, each with the stateful model its checkout ships), the same kind of request sent to
+each in alternating rounds (a round of `--per-round` requests to each server, the order
+reversed every round), and the median latency of each. `--ceiling` adds the last checkout's
+parse-only ceiling (bench/parse_only.py) to the rounds and prints each server's ratio to it, as
+bench/ingest.py does.
 
     git worktree add /tmp/base HEAD~1
     python bench/ab.py /tmp/base . --batch 1000 --rounds 20 --ceiling

@@ -221,10 +221,9 @@ def twinwatch_server(
     models_dir: Path,
     work: Path,
     log_level: str,
-    tweaks: Sequence[str] = (),
     default_model: str = DEFAULT_MODEL,
 ) -> Server:
-    """`twinwatch serve`; with `tweaks`, through bench/serve_tweaked.py."""
+    """`twinwatch serve`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TWINWATCH_")}
     env |= {
         "TWINWATCH_DATABASE_URL": database_url,
@@ -235,9 +234,6 @@ def twinwatch_server(
         "TWINWATCH_LOG_LEVEL": log_level,
     }
     command = [sys.executable, "-c", "from app.cli import main; main()", "serve"]
-    if tweaks:
-        env["BENCH_TWEAKS"] = ",".join(tweaks)
-        command = [sys.executable, str(ROOT / "bench" / "serve_tweaked.py"), "serve"]
     return Server(name, command, env, work / f"{name}.log")
 
 

@@ -327,7 +327,6 @@ class Options:
     databases: list[str]
     postgres_url: str
     log_level: str
-    tweaks: tuple[str, ...]
     ceiling: bool
     profile: Path | None
     json: Path | None
@@ -364,12 +363,6 @@ def parse_options() -> Options:
         help="Every stream's model: a stateful LSTM (the service default's kind) or the "
         "window LSTM.",
     )
-    parser.add_argument(
-        "--tweaks",
-        default="",
-        help="Also run each database with these bench/serve_tweaked.py tweaks "
-        "(gc-freeze,one-thread,relaxed-commit), side by side with the unmodified service.",
-    )
     args = parser.parse_args()
     keys = args.workloads.split(",")
     unknown = set(keys) - {w.key for w in WORKLOADS}
@@ -385,7 +378,6 @@ def parse_options() -> Options:
         or os.environ.get("TWINWATCH_TEST_DATABASE_URL")
         or DEFAULT_POSTGRES,
         log_level=args.log_level,
-        tweaks=tuple(name for name in args.tweaks.split(",") if name),
         ceiling=not args.no_ceiling,
         ack_only=not args.no_ack_only,
         profile=args.profile,
@@ -423,13 +415,11 @@ def build_targets(
     models: Path,
     model: ModelChoice | None = None,
 ) -> list[Target]:
-    """A server per database (and per tweaked variant) plus the ceiling; not started yet."""
+    """A server per database plus the ceiling; not started yet."""
     model = model or ModelChoice("lstm", DEFAULT_MODEL, "", WARMUP_READINGS)
     targets: list[Target] = []
-    variants = [("", ())] + ([("+tweaks", options.tweaks)] if options.tweaks else [])
     for database in options.databases:
-        for suffix, tweaks in variants:
-            name = database + suffix
+        for name in (database,):
             if database == "sqlite":
                 url = f"sqlite:///{(work / f'{name}.db').as_posix()}"
             else:
@@ -440,7 +430,6 @@ def build_targets(
                 models_dir=models,
                 work=work,
                 log_level=options.log_level,
-                tweaks=tweaks,
                 default_model=model.name,
             )
             targets.append(Target(name, server, READINGS_PATH, True, model.warmup))

@@ -70,7 +70,6 @@ def run_ingest(args: argparse.Namespace) -> dict[str, Any]:
         databases=databases,
         postgres_url=args.postgres_url,
         log_level="info",
-        tweaks=(),
         ceiling=True,
         profile=None,
         json=None,

@@ -14,6 +14,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -26,6 +28,7 @@ from app.errors import (
 )
 from app.logs import REQUEST_ID_HEADER, current_request_id
 from app.schemas import PROBLEM_MEDIA_TYPE
+from app.storage.db import DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +143,17 @@ def _default_detail(exc: HTTPException, request: Request) -> str:
     return HTTPStatus(exc.status_code).description
 
 
+async def database_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """The database could not be reached or gave up mid-transaction: nothing of the request was
+    stored (its transaction rolled back), so a client can send it again."""
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+    error = DatabaseError(
+        f"the database is unavailable ({type(exc).__name__}); nothing was stored, it is safe "
+        "to re-send"
+    )
+    return await app_error_handler(request, error)
+
+
 async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     # Starlette answers a 500 outside every middleware: RequestIdMiddleware cannot add its header.
@@ -158,6 +172,8 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(AppError, app_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)
+    for outage in (OperationalError, InterfaceError, SQLAlchemyTimeoutError):
+        app.add_exception_handler(outage, database_error_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
 
 

@@ -386,6 +386,8 @@ _PENDING = "twinwatch.pending"
 def _pending(session: Session) -> _Pending:
     pending = session.info.get(_PENDING)
     if not isinstance(pending, _Pending):
+        if not session.in_transaction():
+            session.begin()  # (no SQL yet: its end is what releases what it holds)
         pending = session.info[_PENDING] = _Pending()
     return pending
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
+from typing import Any
 
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
@@ -182,3 +183,31 @@ def test_after_startup_runs_once_everything_is_loaded(make_client: AppFactory) -
     assert events[-1] == "hook"  # once, before the first request
     assert client.get("/readyz").status_code == 200
     assert events.count("hook") == 1
+
+
+def test_a_database_outage_while_ingesting_is_a_503_and_moves_nothing(client: TestClient) -> None:
+    assert client.put("/v1/streams/pump-1", json={}).status_code == 201
+
+    def readings(first: int, count: int) -> dict[str, Any]:
+        return {
+            "readings": [
+                {"t": 1.7e9 + 0.1 * i, "value": 0.01 * i} for i in range(first, first + count)
+            ]
+        }
+
+    assert client.post("/v1/streams/pump-1/readings", json=readings(0, 100)).status_code == 200
+    state = client.app_state["twinwatch"]
+    reachable = state.database.engine
+    state.database.sessions.configure(
+        bind=create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    )
+    refused = client.post("/v1/streams/pump-1/readings", json=readings(100, 10))
+    assert refused.status_code == 503
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert "safe to re-send" in refused.json()["detail"]
+    state.database.sessions.configure(bind=reachable)
+    again = client.post("/v1/streams/pump-1/readings", json=readings(100, 10))
+    assert again.status_code == 200, again.text
+    answer = again.json()
+    assert (answer["accepted"], answer["duplicates"]) == (10, 0)
+    assert client.get("/v1/streams/pump-1").json()["samples_seen"] == 110
