@@ -16,7 +16,8 @@ def data_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def seed0() -> Series:
-    """The reference twin output for seed 0 (SPEC section 7), independent of our simulator."""
+    """The reference twin output for seed 0 (8,000 samples, stored in tests/data), independent of
+    our simulator."""
     return read_csv(DATA_DIR / "twin_seed0.csv")
 
 

@@ -1,4 +1,4 @@
-"""Baselines every error is printed beside (SPEC section 3)."""
+"""Baselines every error is printed beside: naive (persistence) and seasonal naive."""
 
 from __future__ import annotations
 

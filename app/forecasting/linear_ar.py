@@ -1,4 +1,4 @@
-"""Linear autoregression, direct multi-step (SPEC section 2).
+"""Linear autoregression, direct multi-step.
 
 Least squares on each channel's window minus its own last value, plus an intercept; the target
 is channel 0's future minus its last value; one output column per horizon step. Working on

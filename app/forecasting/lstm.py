@@ -1,4 +1,4 @@
-"""The LSTM forecaster of SPEC section 2, per-window normalised (and the global failure case).
+"""The LSTM forecaster, per-window normalised (and the global failure case).
 
 per_window: inputs z-scored with TRAINING statistics, last = x[:, -1:, :],
 out = lstm(x - last), y = head(out[:, -1]) + last[:, 0]. The network only ever sees changes
@@ -174,7 +174,7 @@ class LSTMForecaster(NeuralForecaster):
 
 
 class GlobalLSTMForecaster(LSTMForecaster):
-    """Globally z-scored LSTM: saturates outside its training range (SPEC section 2)."""
+    """Globally z-scored LSTM: saturates outside its training range."""
 
     kind = "lstm-global"
     normalisation = "global"

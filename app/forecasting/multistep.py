@@ -1,4 +1,4 @@
-"""Recursive multi-step forecasting: feed a one-step model its own outputs (SPEC section 2).
+"""Recursive multi-step forecasting: feed a one-step model its own outputs.
 
 Errors compound: each step's forecast error becomes part of the next step's input. The direct
 alternative is simply a forecaster built with `horizon=h`.

@@ -1,7 +1,7 @@
 """Input and target scaling for neural forecasters: the one implementation training and
 prediction share.
 
-Two modes (SPEC section 2):
+Two modes:
 
 - ``per_window``: each window is z-scored with the TRAINING statistics and then its own last
   value is subtracted; the network forecasts the change from that last value. Written as

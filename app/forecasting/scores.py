@@ -1,4 +1,4 @@
-"""Forecast error measures (SPEC section 3), in the units of the series.
+"""Forecast error measures (RMSE, MAE, mean error, MASE), in the units of the series.
 
 Every score compares `forecast` with `actual` of the same shape: (n,) for one-step forecasts or
 (n, h) for multi-step ones. The per-step variants keep the horizon axis so that error against

@@ -1,4 +1,4 @@
-"""The stateful LSTM forecaster (SPEC sections 2 and 6): one LSTM step per reading.
+"""The stateful LSTM forecaster: one LSTM step per reading, its (h, c) state kept per stream.
 
 Level invariant by construction: the network reads the differenced series
 u_t = (x_t - x_{t-1}) / s (s: the TRAINING std of the differences, per channel) and predicts the

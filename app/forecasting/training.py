@@ -1,4 +1,4 @@
-"""Training data and the honest split for every forecaster (SPEC 2-3); no torch here (the
+"""Training data and the honest split for every forecaster; no torch here (the
 networks' training loops are in `networks`, which only fitting imports).
 
 The split lives here so every forecaster (and the manifest's metrics) carves the same
@@ -33,7 +33,8 @@ EpochCallback = Callable[[dict[str, float]], None]
 
 @dataclass(frozen=True)
 class TrainingConfig:
-    """The SPEC's recipe. `validation` is the number of forecast origins carved from the end of
+    """The default training recipe: AdamW (lr 3e-3, weight decay 1e-2), gradient-norm clip 1.0,
+    batch 128, 10 epochs. `validation` is the number of forecast origins carved from the end of
     the training period for epoch selection; `patience` stops after that many epochs without a
     better validation loss (None: run all epochs, still keep the best one); `refit` retrains
     on the whole training period for the chosen number of epochs."""

@@ -1,4 +1,4 @@
-"""Walk-forward evaluation (SPEC section 3): refit at each origin, score on the block after it.
+"""Walk-forward evaluation: refit at each origin, score on the block after it.
 
 For each origin the forecasters are built afresh and fitted on a COPY of the samples before it,
 so nothing at or after the origin can reach a fit, whatever the forecaster does; statistics
@@ -289,7 +289,7 @@ def summarise(folds: Sequence[Fold], metric: Metric) -> Summary:
     )
 
 
-# ---- the standard comparison of SPEC sections 2-3 ---------------------------------------------
+# ---- the standard comparison: forecasters, baselines, multi-step ------------------------------
 
 
 @dataclass(frozen=True)
@@ -346,7 +346,8 @@ class EvaluationConfig:
         return {"lstm_global": lambda: self._lstm(1, GlobalLSTMForecaster)}
 
     def multistep_methods(self) -> dict[str, MethodFactory]:
-        """The six methods of SPEC section 2's multi-step table, all forecasting `horizon`."""
+        """The six multi-step methods (naive, seasonal naive, linear and LSTM each recursive and
+        direct), all forecasting `horizon`."""
         h = self.horizon
         return {
             "naive": lambda: Naive(window=self.window, horizon=h),

@@ -2,7 +2,7 @@
 
 A fault is `{"type", "start", "end", ...}` in sample indices, `end` exclusive. Sensor faults touch
 only the primary reading; the machine fault (`excitation`) re-simulates the machine, so the
-reference sensor sees it too (SPEC section 4).
+reference sensor sees it too.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
-"""The reference machine of SPEC section 4: a forced, damped Duffing oscillator on a stiff mount.
+"""The reference machine (the built-in digital twin): a forced, damped Duffing oscillator on a
+stiff mount.
 
 The oscillator is chaotic, so the order of floating-point operations is part of the model:
-`_integrate` is a literal transcription of the SPEC and reproduces the reference CSV bit for bit.
+`_integrate` is a literal transcription of the equation of motion (semi-implicit Euler, 10
+sub-steps per sample) and reproduces the reference CSV bit for bit.
 Do not "simplify" it (x*x*x for x**3, t += dt for t = k*dt): the trajectory would diverge after
 a few hundred samples. A checksum test guards it.
 """
@@ -93,7 +95,7 @@ def simulate(
     """Simulate `n_samples` readings of the primary and the redundant reference sensor.
 
     `excitation_scale` (one factor per sample) multiplies the noise force on that sample's
-    sub-steps: the machine fault of SPEC section 4. The random draws do not depend on it, so a
+    sub-steps: the `excitation` machine fault. The random draws do not depend on it, so a
     faulted run is identical to the clean one before the fault starts.
     """
     if n_samples < 1:

@@ -73,7 +73,8 @@ class FaultCatch:
 
 
 def catches(faults: Sequence[Fault], spans: Sequence[AlarmSpan]) -> list[FaultCatch]:
-    """Each fault's detectors and delay, with the lab's rule (SPEC section 5)."""
+    """Each fault's detectors and delay, counting the alarms that open in
+    [start, end + DETECTION_MARGIN)."""
     order = {kind: i for i, kind in enumerate(DETECTOR_ORDER)}
     out = []
     for fault in faults:

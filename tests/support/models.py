@@ -25,7 +25,9 @@ def lab_series() -> Series:
 
 
 def calibrated_lab_model(models_dir: Path, name: str = "lstm-seed0") -> Path:
-    """Copy the lab's LSTM into `models_dir` with the lab's margins on hold-out 6000..6999.
+    """Copy the shipped LSTM into `models_dir`, calibrated at the default fixed margins
+    (`calibration.Margins`: point 4 sigma, rolling RMS 1.1 x its hold-out maximum, ...) on
+    hold-out 6000..6999.
 
     Exactly `twinwatch calibrate --holdout 6000:7000` on the lab data, and independent of the
     thresholds the shipped manifest carries, so tests pin behaviour.
@@ -45,8 +47,8 @@ STATEFUL_LAB_TRAINING = TrainingConfig(epochs=12, batch_size=4, patience=4)
 
 
 def stateful_lab_model(models_dir: Path, name: str = "lstm-stateful-lab") -> Path:
-    """A stateful LSTM trained on seed 0 up to sample 6000 (a few seconds), with the lab's
-    margins on hold-out 6000..6999 like `calibrated_lab_model`."""
+    """A stateful LSTM trained on seed 0 up to sample 6000 (a few seconds), calibrated
+    at the default fixed margins on hold-out 6000..6999 like `calibrated_lab_model`."""
     target = models_dir / name
     seed0 = read_csv(ROOT / "tests" / "data" / "twin_seed0.csv")
     model = StatefulLSTMForecaster(training=STATEFUL_LAB_TRAINING)

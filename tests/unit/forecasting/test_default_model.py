@@ -26,4 +26,5 @@ def test_the_shipped_model_loads_and_still_scores_what_its_manifest_says(seed0: 
     rmse = float(np.sqrt(np.mean((forecast - data[targets, 0]) ** 2)))
     # Another CPU (vector width, BLAS kernel) rounds float32 differently in the last bits.
     assert abs(rmse - manifest["metrics"]["test"]["rmse"]) < 1e-6
-    assert rmse < 0.14  # SPEC: 0.133 at origin 6000
+    # The recurrent-forecaster teaching lab this project follows reports 0.133 at origin 6000.
+    assert rmse < 0.14

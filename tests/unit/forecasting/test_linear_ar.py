@@ -61,7 +61,8 @@ def test_beats_naive_on_the_reference_twin(seed0: Series) -> None:
     linear = LinearAR().fit(data, train_end=6000).predict(windows)
     naive = Naive(window=64).predict(windows)
     rmse_linear = np.sqrt(np.mean((linear - actual) ** 2))
-    assert rmse_linear < 0.17  # SPEC: 0.151 at origin 6000
+    # The recurrent-forecaster teaching lab this project follows reports 0.151 at origin 6000.
+    assert rmse_linear < 0.17
     assert rmse_linear < 0.5 * np.sqrt(np.mean((naive - actual) ** 2))
 
 
