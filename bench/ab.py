@@ -58,8 +58,13 @@ def server(checkout: Path, label: str, work: Path, model: str, *, ceiling: bool)
 
 
 async def measure(
-    targets: dict[str, tuple[Server, str]], bodies: list[bytes], rounds: int, per_round: int
+    targets: dict[str, tuple[Server, str]],
+    bodies: list[bytes],
+    rounds: int,
+    per_round: int,
+    cpu: dict[str, float],
 ) -> dict[str, list[float]]:
+    """Each server's latencies; `cpu` gets the CPU seconds (all threads) it spent on them."""
     connections = {label: Connection(srv.port) for label, (srv, _) in targets.items()}
     position = dict.fromkeys(targets, 0)
     latencies: dict[str, list[float]] = {label: [] for label in targets}
@@ -78,11 +83,15 @@ async def measure(
         for label in targets:
             for _ in range(UNTIMED):
                 await post(label, timed=False)
+        for label, (srv, _) in targets.items():
+            cpu[label] = -srv.cpu_seconds()
         labels = list(targets)
         for round_number in range(rounds):
             for label in labels if round_number % 2 == 0 else labels[::-1]:
                 for _ in range(per_round):
                     await post(label, timed=True)
+        for label, (srv, _) in targets.items():
+            cpu[label] += srv.cpu_seconds()
     finally:
         for connection in connections.values():
             await connection.close()
@@ -139,7 +148,8 @@ def main() -> None:
                 srv.wait_ready("/readyz" if label != "ceiling" else "/healthz")
                 if label != "ceiling":
                     asyncio.run(prepare(srv, model, readings_body(values[:WARMUP], 0)))
-            latencies = asyncio.run(measure(targets, bodies, args.rounds, args.per_round))
+            cpu: dict[str, float] = {}
+            latencies = asyncio.run(measure(targets, bodies, args.rounds, args.per_round, cpu))
         finally:
             for srv, _ in targets.values():
                 srv.stop()
@@ -147,7 +157,11 @@ def main() -> None:
     print(f"{args.batch} readings a request, {args.rounds} rounds of {args.per_round}:")
     for label, times in latencies.items():
         p10, p90 = (1000 * sorted(times)[len(times) * tenth // 10] for tenth in (1, 9))
-        print(f"  {label}: median {1000 * medians[label]:.2f} ms, p10 {p10:.2f}, p90 {p90:.2f}")
+        per_request = 1000 * cpu[label] / len(times)
+        print(
+            f"  {label}: median {1000 * medians[label]:.2f} ms, p10 {p10:.2f}, p90 {p90:.2f}, "
+            f"server CPU {per_request:.2f} ms a request"
+        )
     if args.ceiling:
         for label in latencies:
             if label != "ceiling":

@@ -111,6 +111,7 @@ class RollingDetector(Detector):
         self.window = self.default_window if window is None else int(window)
         if self.window < 2:
             raise ValueError(f"{self.kind}: the window must hold at least 2 samples")
+        self._positions = np.arange(self.window)  # a window's, from its oldest input
 
     @property
     def state_size(self) -> int:
@@ -132,8 +133,10 @@ class RollingDetector(Detector):
             return np.full((count, steps), np.nan), state
         # Each stream's remembered inputs, then its new ones.
         combined = np.concatenate((state, inputs), axis=1)
-        if has.all():  # the windows end at each new input
-            windows = combined[:, np.arange(steps)[:, None] + np.arange(self.window)]
+        if has.all():  # the windows end at each new input (one input: the whole row)
+            windows = (
+                combined if steps == 1 else combined[:, np.arange(steps)[:, None] + self._positions]
+            )
             statistics = self.formula(windows.reshape(-1, self.window)).reshape(count, steps)
             return statistics, combined[:, steps:]
         # The NaNs (no input, or a state not yet full) moved to the front, so that each

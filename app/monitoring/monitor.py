@@ -282,12 +282,17 @@ class Monitor:
             rows = sorted(set(np.flatnonzero(exceeded.any(axis=1)).tolist()).union(busy))
             touched.update(rows)
             for row in rows:
-                has = np.flatnonzero(~np.isnan(statistics[row]))
+                values, over, first = (
+                    statistics[row].tolist(),
+                    exceeded[row].tolist(),
+                    first_samples[row],
+                )
+                has = [t for t, value in enumerate(values) if value == value]  # not NaN
                 opened, closed = rule.observe(
                     states[row].rules[index],
-                    (has + first_samples[row]).tolist(),
-                    statistics[row, has].tolist(),
-                    np.flatnonzero(exceeded[row, has]).tolist(),
+                    [first + t for t in has],
+                    [values[t] for t in has],
+                    [position for position, t in enumerate(has) if over[t]],
                 )
                 if opened:
                     block.opened.setdefault(row, []).extend(opened)

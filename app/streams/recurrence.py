@@ -359,7 +359,8 @@ class Recurrence:
         if readings.references is not None and np.isinf(readings.references).any():
             raise DataError("references must be finite numbers or null")
 
-        offsets = np.concatenate(([0], np.cumsum(counts)))
+        offsets = np.zeros(streams + 1, dtype=np.int64)
+        np.cumsum(counts, out=offsets[1:])
         steps = int(counts.max()) if streams else 0
         if streams and (counts == steps).all():  # a tick, one stream's batch: no padding
             scatter = None
@@ -383,7 +384,7 @@ class Recurrence:
         def flat(per_position: np.ndarray) -> np.ndarray:
             return per_position.reshape(-1) if scatter is None else per_position[scatter]
 
-        restart = padded(self._gaps(states, readings.times, offsets, periods), False)
+        restart = padded(self._gaps(states, readings.times, offsets, counts, periods), False)
         plan = self._plan(states, present, np.isnan(block).any(axis=2) & present, restart, counts)
         forecast = self._forecast(states, block, plan)
 
@@ -447,15 +448,17 @@ class Recurrence:
         states: Sequence[StreamState],
         times: np.ndarray,
         offsets: np.ndarray,
+        counts: np.ndarray,
         periods: Sequence[float],
     ) -> np.ndarray:
         """True where a reading follows the stream's previous one by more than `max_gap`
         sample periods."""
-        counts = np.diff(offsets)
         previous = np.empty(len(times), dtype=np.int64)
         previous[1:] = times[:-1]
         firsts = offsets[:-1][counts > 0]
-        last = [state.last_time for state, count in zip(states, counts, strict=True) if count]
+        last = [
+            state.last_time for state, count in zip(states, counts.tolist(), strict=True) if count
+        ]
         previous[firsts] = [
             times[first] if t is None else t for t, first in zip(last, firsts, strict=True)
         ]
@@ -485,7 +488,8 @@ class Recurrence:
             fresh=before == 0,
             clean=since[:, None] + ages >= window,
         )
-        eventful = set(np.flatnonzero((null | restart).any(axis=1)).tolist())
+        events = null | restart
+        eventful = set(np.flatnonzero(events.any(axis=1)).tolist()) if events.any() else set()
         for row, state in enumerate(states):
             if row in eventful:
                 self._plan_row(state, row, plan, null[row], restart[row], int(counts[row]))
@@ -564,15 +568,17 @@ class Recurrence:
             breaks[:, 1:] |= appended[:, 1:] != appended[:, :-1]
             cuts = [0, *np.flatnonzero(breaks[:, 1:].any(axis=0)) + 1, steps]
         for start, stop in itertools.pairwise(cuts):
-            rows = np.flatnonzero(appended[:, start])
-            if not rows.size:
+            selected = np.flatnonzero(appended[:, start])
+            if not selected.size:
                 continue
-            fresh = rows[plan.fresh[rows, start]]
+            # Every stream (a tick, a batch): slices, not copies.
+            rows = slice(None) if selected.size == streams else selected
+            fresh = selected[plan.fresh[selected, start]]
             if fresh.size:
                 history[fresh] = np.nan
                 carry[fresh] = forecaster.initial_carry(fresh.size)
                 pending[fresh] = np.nan
-            imputed = rows[plan.action[rows, start] == _IMPUTED]
+            imputed = selected[plan.action[selected, start] == _IMPUTED]
             if imputed.size:
                 guess = block[imputed, start].copy()
                 guess[:, 0] = np.where(np.isnan(guess[:, 0]), pending[imputed, 0], guess[:, 0])
