@@ -111,7 +111,6 @@ class RollingDetector(Detector):
         self.window = self.default_window if window is None else int(window)
         if self.window < 2:
             raise ValueError(f"{self.kind}: the window must hold at least 2 samples")
-        self._positions = np.arange(self.window)  # a window's, from its oldest input
 
     @property
     def state_size(self) -> int:
@@ -121,10 +120,16 @@ class RollingDetector(Detector):
         return np.full(self.state_size, np.nan)
 
     @staticmethod
+    def prepare(inputs: FloatArray) -> FloatArray:
+        """What the windows are cut from: each input on its own (computed once per input, not
+        once per window it falls in)."""
+        return inputs
+
+    @staticmethod
     @abstractmethod
     def formula(windows: FloatArray) -> FloatArray:
-        """(M, window) C-contiguous windows, oldest first -> (M,) statistics; NaN if a window
-        holds a NaN."""
+        """(M, window) C-contiguous windows of prepared inputs, oldest first -> (M,)
+        statistics; NaN if a window holds a NaN."""
 
     def statistics(self, inputs: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
         count, steps = inputs.shape
@@ -134,10 +139,11 @@ class RollingDetector(Detector):
         # Each stream's remembered inputs, then its new ones.
         combined = np.concatenate((state, inputs), axis=1)
         if has.all():  # the windows end at each new input (one input: the whole row)
-            windows = (
-                combined if steps == 1 else combined[:, np.arange(steps)[:, None] + self._positions]
-            )
-            statistics = self.formula(windows.reshape(-1, self.window)).reshape(count, steps)
+            prepared = self.prepare(combined)
+            if steps > 1:
+                view = np.lib.stride_tricks.sliding_window_view(prepared, self.window, axis=1)
+                prepared = view.reshape(-1, self.window)  # (a copy, in C order)
+            statistics = self.formula(prepared).reshape(count, steps)
             return statistics, combined[:, steps:]
         # The NaNs (no input, or a state not yet full) moved to the front, so that each
         # stream's inputs form one run, in order.
@@ -151,7 +157,7 @@ class RollingDetector(Detector):
         ends = first[rows] + rank[rows, columns + self.state_size]
         gather = ends[:, None] + np.arange(1 - self.window, 1)
         statistics = np.full((count, steps), np.nan)
-        statistics[rows, columns] = self.formula(combined[rows[:, None], gather])
+        statistics[rows, columns] = self.formula(self.prepare(combined)[rows[:, None], gather])
         return statistics, combined[:, steps:]
 
     def check_state(self, state: FloatArray) -> str | None:
@@ -178,8 +184,13 @@ class RollingRMSDetector(RollingDetector):
     default_window = 50
 
     @staticmethod
+    def prepare(inputs: FloatArray) -> FloatArray:
+        squares: FloatArray = inputs * inputs
+        return squares
+
+    @staticmethod
     def formula(windows: FloatArray) -> FloatArray:
-        rms: FloatArray = np.sqrt(_row_sum(windows * windows) / windows.shape[1])
+        rms: FloatArray = np.sqrt(_row_sum(windows) / windows.shape[1])
         return rms
 
 
