@@ -12,10 +12,12 @@ and ~4 us per update, and a stream has 30 of them (14 KiB of a stream's 37 at 10
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -43,8 +45,23 @@ class StreamSeries:
     alarms: dict[str, float] = field(default_factory=dict)  # detector -> alarms opened
     active: dict[str, bool] = field(default_factory=dict)  # detector -> has an open alarm
     thresholds: dict[str, float] = field(default_factory=dict)
-    statistics: dict[str, float] = field(default_factory=dict)  # none until the first value
-    residual: float | None = None
+    # The stream's last forecast, residual and statistics (NaN: none yet), read at scrape time:
+    # the array is replaced, never changed, when the stream moves.
+    latest: np.ndarray | None = None
+    kinds: tuple[str, ...] = ()
+
+    @property
+    def residual(self) -> float | None:
+        if self.latest is None or math.isnan(self.latest[1]):
+            return None
+        return float(self.latest[1])
+
+    @property
+    def statistics(self) -> dict[str, float]:
+        if self.latest is None:
+            return {}
+        values = self.latest[2:].tolist()
+        return {kind: x for kind, x in zip(self.kinds, values, strict=True) if x == x}
 
     def track(self, detectors: Iterable[str]) -> None:
         for detector in detectors:
@@ -152,19 +169,22 @@ class Metrics:
         stream_id: str,
         *,
         readings: int,
-        residual: float | None,
-        statistics: dict[str, float],
+        latest: np.ndarray,
+        kinds: tuple[str, ...],
         active: set[str],
         opened: list[str],
     ) -> None:
-        """What a committed request moved: counts, and the last value of each gauge."""
-        series = self.track_stream(stream_id, ())
+        """What a committed request moved: counts, and the stream's last values (`latest`:
+        forecast, residual, then each of `kinds`' statistic, NaN where none yet)."""
+        with self._guard:
+            series = self._streams.get(stream_id)
+            if series is None:
+                series = self._streams[stream_id] = StreamSeries()
         series.readings += readings
-        if residual is not None:
-            series.residual = residual
-        series.statistics.update(statistics)
-        for detector in series.active:
-            series.active[detector] = detector in active
+        series.latest, series.kinds = latest, kinds
+        if active or True in series.active.values():
+            for detector in series.active:
+                series.active[detector] = detector in active
         for detector in opened:
             series.alarms[detector] = series.alarms.get(detector, 0.0) + 1
 

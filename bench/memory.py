@@ -204,11 +204,11 @@ def prometheus_per_stream(detectors: list[str], streams: int = 2000) -> dict[str
     before = tracemalloc.take_snapshot()
     for i in range(streams):
         stream = f"p-{i:05d}"
-        series = metrics.track_stream(stream, detectors=detectors)  # PUT and engine.live
-        series.residual = 0.1  # what the engine sets per batch
+        series = metrics.track_stream(stream, detectors=detectors)  # PUT and the restore
+        series.latest = np.full(2 + len(detectors), 0.1)  # what ingest sets per request
+        series.kinds = tuple(detectors)
         for name in detectors:
             series.thresholds[name] = 1.0
-            series.statistics[name] = 0.1
             series.active[name] = False
     gc.collect()
     after = tracemalloc.take_snapshot()

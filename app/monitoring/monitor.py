@@ -200,6 +200,7 @@ class Monitor:
         ordered = sorted(config.detectors, key=lambda d: DETECTOR_ORDER.index(d.kind))
         self.detectors = [build_detector(d) for d in ordered]
         self.kinds = [d.kind for d in ordered]
+        self.kinds_tuple = tuple(self.kinds)
         self.rules = [
             AlarmRule(
                 detector.kind,
@@ -313,6 +314,8 @@ class Monitor:
 
     def open_events(self, state: MonitorState) -> list[AlarmEvent]:
         """Events still open, with their peak so far."""
+        if not state.busy:  # every rule idle: nothing open
+            return []
         return [
             event
             for rule, rule_state in zip(self.rules, state.rules, strict=True)

@@ -18,7 +18,6 @@ from sqlalchemy.orm import Session
 
 from app.errors import ConflictError, DataError
 from app.metrics import Metrics
-from app.monitoring.alarms import AlarmEvent
 from app.storage.models import Alarm
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import readings as reading_repo
@@ -101,8 +100,8 @@ def ingest(
 
     streams.on_end(session, rollback=drop_touched)
     results = _advance(parts, new)
-    outcomes = _store(session, streams, parts, results, new)
-    streams.on_end(session, commit=lambda: _committed(streams, metrics, parts, outcomes))
+    outcomes, left_open = _store(session, streams, parts, results, new)
+    streams.on_end(session, commit=lambda: _committed(streams, metrics, parts, outcomes, left_open))
     return outcomes
 
 
@@ -314,8 +313,9 @@ def _store(
     parts: list[_Part],
     results: list[StreamResult | None],
     new: NewReadings,
-) -> list[IngestOutcome]:
-    """The readings, the alarm changes and the due checkpoints of the advanced streams."""
+) -> tuple[list[IngestOutcome], list[dict[str, float] | None]]:
+    """The readings, the alarm changes and the due checkpoints of the advanced streams; and
+    the peak of each alarm left open, by stream (None: the stream did not move)."""
     stored = [
         reading_repo.NewBatch(
             part.live.stream_id,
@@ -332,11 +332,13 @@ def _store(
             "a stream received readings from another request meanwhile; re-send the batch",
             reason="conflict",
         )
-    outcomes = []
+    outcomes: list[IngestOutcome] = []
+    left_open: list[dict[str, float] | None] = []
     for part, result in zip(parts, results, strict=True):
         times = new.times[part.first + part.resent : part.stop]
         opened: list[Alarm] = []
         closed: list[Alarm] = []
+        peaks = None
         if result is not None:
             live = part.live
             open_events = live.recurrence.monitor.open_events(live.state.monitor)
@@ -357,7 +359,8 @@ def _store(
         outcomes.append(
             IngestOutcome(part.live.stream_id, times, part.resent, result, opened, closed)
         )
-    return outcomes
+        left_open.append(peaks)
+    return outcomes, left_open
 
 
 def _times(
@@ -377,23 +380,25 @@ def _times(
 
 
 def _committed(
-    streams: LiveStreams, metrics: Metrics, parts: list[_Part], outcomes: list[IngestOutcome]
+    streams: LiveStreams,
+    metrics: Metrics,
+    parts: list[_Part],
+    outcomes: list[IngestOutcome],
+    peaks: list[dict[str, float] | None],
 ) -> None:
     """Once committed: the streams' next checkpoints are due later, and metrics move."""
-    for part, outcome in zip(parts, outcomes, strict=True):
+    for part, outcome, open_peaks in zip(parts, outcomes, peaks, strict=True):
         live = part.live
-        if outcome.result is None:
+        if outcome.result is None or open_peaks is None:
             continue
         if live.state.samples >= live.checkpoint_due:
             live.checkpoint_due = live.state.samples + streams.checkpoint_every
-        open_events: list[AlarmEvent] = live.recurrence.monitor.open_events(live.state.monitor)
-        live.open_peaks = {event.detector: event.peak for event in open_events}
-        _, residual, statistics = live.recurrence.latest(live.state)
+        live.open_peaks = open_peaks
         metrics.publish(
             live.stream_id,
             readings=outcome.accepted,
-            residual=residual,
-            statistics=statistics,
-            active={event.detector for event in open_events},
+            latest=live.state.latest,
+            kinds=live.recurrence.monitor.kinds_tuple,
+            active=set(open_peaks),
             opened=[alarm.detector for alarm in outcome.opened],
         )

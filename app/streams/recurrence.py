@@ -122,19 +122,51 @@ class Readings:
         )
 
 
-@dataclass(frozen=True)
 class StreamResult:
-    """One stream's part of a block: per reading (views of the block's arrays) and its events."""
+    """One stream's part of a block: per reading (views of the block's arrays, cut when read:
+    a gateway's acknowledgement reads none of them) and its events."""
 
-    first_sample: int
-    forecast: FloatArray  # NaN while warming up
-    residual: FloatArray  # NaN without a forecast, and for an imputed reading
-    imputed: np.ndarray  # bool: the reading was null and was imputed with its forecast
-    monitored: np.ndarray  # bool: the residual reached the detectors
-    reference_gap: FloatArray  # reading minus reference, as the level detector saw it (NaN: none)
-    statistics: dict[str, FloatArray]  # detector -> statistic, NaN where none
-    opened: list[AlarmEvent]
-    closed: list[AlarmEvent]
+    __slots__ = ("_block", "_index", "closed", "first_sample", "opened")
+
+    def __init__(self, block: BlockResult, index: int) -> None:
+        self._block, self._index = block, index
+        self.first_sample = block.first_samples[index]
+        self.opened = block.opened.get(index, [])
+        self.closed = block.closed.get(index, [])
+
+    def _part(self, values: np.ndarray) -> np.ndarray:
+        offsets = self._block.offsets
+        return values[int(offsets[self._index]) : int(offsets[self._index + 1])]
+
+    @property
+    def forecast(self) -> FloatArray:
+        """NaN while warming up."""
+        return self._part(self._block.forecast)
+
+    @property
+    def residual(self) -> FloatArray:
+        """NaN without a forecast, and for an imputed reading."""
+        return self._part(self._block.residual)
+
+    @property
+    def imputed(self) -> np.ndarray:
+        """The reading was null and was imputed with its forecast."""
+        return self._part(self._block.imputed)
+
+    @property
+    def monitored(self) -> np.ndarray:
+        """The residual reached the detectors."""
+        return self._part(self._block.monitored)
+
+    @property
+    def reference_gap(self) -> FloatArray:
+        """Reading minus reference, as the level detector saw it (NaN: none)."""
+        return self._part(self._block.reference_gap)
+
+    @property
+    def statistics(self) -> dict[str, FloatArray]:
+        """Detector -> statistic, NaN where none."""
+        return {kind: self._part(values) for kind, values in self._block.statistics.items()}
 
 
 @dataclass(frozen=True)
@@ -153,18 +185,7 @@ class BlockResult:
     closed: dict[int, list[AlarmEvent]]
 
     def stream(self, index: int) -> StreamResult:
-        part = slice(int(self.offsets[index]), int(self.offsets[index + 1]))
-        return StreamResult(
-            self.first_samples[index],
-            self.forecast[part],
-            self.residual[part],
-            self.imputed[part],
-            self.monitored[part],
-            self.reference_gap[part],
-            {kind: values[part] for kind, values in self.statistics.items()},
-            self.opened.get(index, []),
-            self.closed.get(index, []),
-        )
+        return StreamResult(self, index)
 
 
 # What happens to a reading (see the module's rule).

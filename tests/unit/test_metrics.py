@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.forecasting.baselines import Naive
@@ -33,8 +34,7 @@ def parsed(metrics: Metrics) -> dict[str, dict[tuple[tuple[str, str], ...], floa
 def test_names_follow_prometheus_conventions() -> None:
     metrics = Metrics()
     series = metrics.track_stream("s", detectors=["point"])
-    series.residual = 0.1
-    series.statistics["point"] = 0.2
+    series.latest, series.kinds = np.array([1.0, 0.1, 0.2]), ("point",)
     series.thresholds["point"] = 0.5
     metrics.ingest_duration.observe(0.004)
     names = set(parsed(metrics))
@@ -58,7 +58,7 @@ def test_track_then_forget_a_stream() -> None:
     metrics.track_stream("pump-2", detectors=["point"])
     series.readings += 7
     series.alarms["point"] += 1
-    series.residual = 0.3
+    series.latest, series.kinds = np.array([1.0, 0.3, np.nan, np.nan]), ("point", "cusum")
     metrics.reject("pump-1", "conflict", 3)
 
     before = parsed(metrics)
