@@ -49,18 +49,20 @@ class StreamSeries:
     # the array is replaced, never changed, when the stream moves.
     latest: np.ndarray | None = None
     kinds: tuple[str, ...] = ()
+    targets: int = 1  # channels forecast: `latest` holds their forecasts, then their residuals
 
     @property
     def residual(self) -> float | None:
-        if self.latest is None or math.isnan(self.latest[1]):
+        """The first forecast channel's."""
+        if self.latest is None or math.isnan(self.latest[self.targets]):
             return None
-        return float(self.latest[1])
+        return float(self.latest[self.targets])
 
     @property
     def statistics(self) -> dict[str, float]:
         if self.latest is None:
             return {}
-        values = self.latest[2:].tolist()
+        values = self.latest[2 * self.targets :].tolist()
         return {kind: x for kind, x in zip(self.kinds, values, strict=True) if x == x}
 
     def track(self, detectors: Iterable[str]) -> None:
@@ -173,15 +175,17 @@ class Metrics:
         kinds: tuple[str, ...],
         active: set[str],
         opened: list[str],
+        targets: int = 1,
     ) -> None:
-        """What a committed request moved: counts, and the stream's last values (`latest`:
-        forecast, residual, then each of `kinds`' statistic, NaN where none yet)."""
+        """What a committed request moved: counts, and the stream's last values (`latest`: the
+        forecast of each of `targets` channels, their residuals, then each of `kinds`'
+        statistic, NaN where none yet)."""
         with self._guard:
             series = self._streams.get(stream_id)
             if series is None:
                 series = self._streams[stream_id] = StreamSeries()
         series.readings += readings
-        series.latest, series.kinds = latest, kinds
+        series.latest, series.kinds, series.targets = latest, kinds, targets
         if active or True in series.active.values():
             for detector in series.active:
                 series.active[detector] = detector in active

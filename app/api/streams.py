@@ -135,7 +135,7 @@ def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
     except AppError:
         return StreamOut.of(stream, open_alarms=open_alarms)
     recurrence, stream_state = live.recurrence, live.state
-    forecast, residual, statistics = recurrence.latest(stream_state)
+    forecasts, residuals, statistics = recurrence.latest(stream_state)
     active = {event.detector for event in recurrence.monitor.open_events(stream_state.monitor)}
     last = stream_state.last_time
     return StreamOut.of(
@@ -143,8 +143,8 @@ def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
         open_alarms=open_alarms,
         live=StreamLive(
             warmup_remaining=recurrence.warmup_remaining(stream_state),
-            last_forecast=forecast,
-            last_residual=residual,
+            last_forecast=forecasts[0],
+            last_residual=residuals[0],
             detectors={
                 name: DetectorLive(
                     statistic=statistics.get(name), threshold=threshold, active=name in active

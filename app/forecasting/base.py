@@ -3,7 +3,9 @@
 A forecaster maps windows of past readings, shape (B, W, C) with channel 0 the sensor being
 forecast and channels 1.. other sensors or known exogenous inputs, to the next `horizon` values
 of channel 0, shape (B, horizon). Row b of the output for window x[i-W:i] is the forecast of
-x[i], x[i+1], ..., x[i+horizon-1].
+x[i], x[i+1], ..., x[i+horizon-1]. A forecaster of several sensors at once (`targets` > 1:
+channels 0 .. targets - 1 are forecast) gives `horizon * targets` outputs a window, step after
+step: the first `targets` are the next reading of each.
 
 Two ways to ask, one arithmetic:
 
@@ -40,8 +42,18 @@ class Forecaster(ABC):
     def fit(self, series: np.ndarray, *, train_end: int | None = None) -> Self:
         """Learn from `series[:train_end]` only (shape (T, C)); nothing after it is read."""
 
+    @property
+    def targets(self) -> int:
+        """How many channels it forecasts (the first ones)."""
+        return 1
+
+    @property
+    def outputs(self) -> int:
+        """Numbers forecast after each reading: `horizon` steps of each target, step after step."""
+        return self.horizon * self.targets
+
     def predict(self, windows: np.ndarray) -> np.ndarray:
-        """Validate the shape, then forecast: (B, W, C) -> (B, horizon) float64."""
+        """Validate the shape, then forecast: (B, W, C) -> (B, outputs) float64."""
         # C order whatever the caller's layout: numpy sums a row of a C-ordered array the same
         # way for any number of rows, and a row strided across others in another order.
         windows = np.ascontiguousarray(windows, dtype=np.float64)
@@ -51,7 +63,7 @@ class Forecaster(ABC):
                 f"got {windows.shape}"
             )
         if windows.shape[0] == 0:
-            return np.empty((0, self.horizon))
+            return np.empty((0, self.outputs))
         return self._predict(windows)
 
     @abstractmethod
@@ -81,17 +93,17 @@ class Forecaster(ABC):
         history: (B, context, C) float64, each stream's latest readings before `rows`, oldest
         first; NaN where a stream that starts afresh has none. rows: (B, T, C) float64, finite.
         carry: (B, carry_size) float32 after the last reading of `history`.
-        Returns (B, T, horizon) float64, row [b, t] the forecast of the readings after
+        Returns (B, T, outputs) float64, row [b, t] the forecast of the readings after
         rows[b, t] (NaN while the window before it is incomplete), and the new carry. Pure.
         """
         count, steps = rows.shape[:2]
         if steps == 0:
-            return np.empty((count, 0, self.horizon)), carry
+            return np.empty((count, 0, self.outputs)), carry
         extended = np.concatenate((history, rows), axis=1)  # (B, W + T, C)
         # The window after rows[:, t] is extended[:, t + 1 : t + 1 + W].
         positions = np.arange(1, steps + 1)[:, None] + np.arange(self.window)
         windows = extended[:, positions].reshape(-1, self.window, self.n_channels)
-        forecast = self.predict(windows).reshape(count, steps, self.horizon)
+        forecast = self.predict(windows).reshape(count, steps, self.outputs)
         return forecast, carry
 
     def config(self) -> dict[str, Any]:

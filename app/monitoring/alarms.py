@@ -59,6 +59,7 @@ class AlarmEvent:
     peak: float
     threshold: float
     cleared_at: int | None = None
+    detail: tuple[float, ...] | None = None  # per channel, what made the peak (see Monitor)
 
     @property
     def is_open(self) -> bool:
@@ -72,6 +73,7 @@ class AlarmEvent:
             "peak": self.peak,
             "threshold": self.threshold,
             "cleared_at": self.cleared_at,
+            "detail": None if self.detail is None else list(self.detail),
         }
 
 
@@ -81,6 +83,7 @@ class OpenAlarm:
     peak: float
     last: int  # ordinal of its last exceedance
     last_sample: int  # that exceedance's sample
+    detail: tuple[float, ...] | None = None  # per channel, at the peak
 
 
 @dataclass
@@ -108,6 +111,7 @@ class RuleState:
                 "peak": event.peak,
                 "last": event.last,
                 "last_sample": event.last_sample,
+                "detail": None if event.detail is None else list(event.detail),
             },
         }
 
@@ -125,6 +129,9 @@ class RuleState:
                     peak=float(raw["peak"]),
                     last=int(raw["last"]),
                     last_sample=int(raw["last_sample"]),
+                    detail=None
+                    if raw.get("detail") is None
+                    else tuple(float(x) for x in raw["detail"]),
                 )
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -157,7 +164,9 @@ class AlarmRule:
         event = state.open
         if event is None:
             return None
-        return AlarmEvent(self.detector, event.start, None, event.peak, self.threshold)
+        return AlarmEvent(
+            self.detector, event.start, None, event.peak, self.threshold, detail=event.detail
+        )
 
     def observe(
         self,
@@ -165,15 +174,17 @@ class AlarmRule:
         samples: Sequence[int],
         statistics: Sequence[float],
         exceedances: Sequence[int],
+        details: Sequence[Sequence[float]] | None = None,
     ) -> tuple[list[AlarmEvent], list[AlarmEvent]]:
         """Advance `state` by a block of readings with a statistic (their `samples` and
         `statistics`, in order; `exceedances`: the positions among them that are on the alarming
-        side). Returns the events opened and closed, in order."""
+        side; `details`: per exceedance, what it is made of per channel, if anything). Returns
+        the events opened and closed, in order."""
         opened: list[AlarmEvent] = []
         closed: list[AlarmEvent] = []
         policy = self.policy
         base = state.seen  # the ordinal of samples[0]
-        for index in exceedances:
+        for number, index in enumerate(exceedances):
             if state.idle:
                 base = -index  # an idle rule counts from its next exceedance
             else:
@@ -185,15 +196,23 @@ class AlarmRule:
             while state.recent[0] <= ordinal - policy.n:
                 del state.recent[0]
             statistic = statistics[index]
+            detail = None if details is None else tuple(details[number])
             event = state.open
             if event is not None:
                 event.last, event.last_sample = ordinal, samples[index]
                 if statistic > event.peak if self.direction == "above" else statistic < event.peak:
-                    event.peak = statistic
+                    event.peak, event.detail = statistic, detail
             elif len(state.recent) >= policy.k:
-                state.open = OpenAlarm(samples[index], statistic, ordinal, samples[index])
+                state.open = OpenAlarm(samples[index], statistic, ordinal, samples[index], detail)
                 opened.append(
-                    AlarmEvent(self.detector, samples[index], None, statistic, self.threshold)
+                    AlarmEvent(
+                        self.detector,
+                        samples[index],
+                        None,
+                        statistic,
+                        self.threshold,
+                        detail=detail,
+                    )
                 )
         if not state.idle and samples:
             self._settle(state, base + len(samples) - 1, base, samples, closed)
@@ -225,6 +244,7 @@ class AlarmRule:
                     event.peak,
                     self.threshold,
                     cleared_at=samples[at - base],
+                    detail=event.detail,
                 )
             )
             state.open = None

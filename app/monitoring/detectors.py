@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 Direction = Literal["above", "below"]
-Source = Literal["residual", "vector", "reference_gap"]
+Source = Literal["residual", "vector", "reference_gap", "missing"]
 FloatArray = NDArray[np.float64]
 
 CUSUM_DESIGN_RATIO = 2.0
@@ -220,13 +220,36 @@ class LevelDetector(RollingDetector):
     """
 
     kind = "level"
-    source = "reference_gap"
+    source: ClassVar[Source] = "reference_gap"
     default_window = 10
 
     @staticmethod
     def formula(windows: FloatArray) -> FloatArray:
         level: FloatArray = np.abs(_row_sum(windows) / windows.shape[1])
         return level
+
+
+class ShiftDetector(LevelDetector):
+    """|mean(residual)| over a short window: the forecast keeps missing on one side.
+
+    A model that expects a level (the learned mean of a stationary sensor, an autoregression
+    that pulls back towards it) leaves a sustained shift in its residuals for as long as it
+    lasts, where the point detector sees only its edge.
+    """
+
+    kind = "shift"
+    source = "residual"
+
+
+class MissingDetector(Detector):
+    """1 for a reading that came without a number (or with a channel missing), 0 for a complete
+    one: with the alarm rule's k-of-n, "k of the last n readings were missing"."""
+
+    kind = "missing"
+    source = "missing"
+
+    def statistics(self, inputs: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
+        return inputs.copy(), state
 
 
 class CusumDetector(Detector):
@@ -337,6 +360,14 @@ class MahalanobisDetector(Detector):
         )  # (N*T, C)
         return _row_sum(whitened * whitened).reshape(count, steps), state
 
+    def contributions(self, vectors: FloatArray) -> FloatArray:
+        """Each channel's term of d^2 = sum_c r_c (Sigma^-1 r)_c, for (M, C) residual vectors:
+        which sensors pulled the vector out of the ellipse (the terms add up to d^2; a term
+        can be negative when a channel moved the way its correlations predicted)."""
+        precision = self.whitening.T @ self.whitening
+        terms: FloatArray = vectors * (vectors @ precision)
+        return terms
+
 
 DETECTORS: dict[str, type[Detector]] = {
     cls.kind: cls
@@ -346,6 +377,8 @@ DETECTORS: dict[str, type[Detector]] = {
         VarianceFloorDetector,
         CusumDetector,
         LevelDetector,
+        ShiftDetector,
         MahalanobisDetector,
+        MissingDetector,
     )
 }

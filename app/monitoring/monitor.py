@@ -36,13 +36,28 @@ from app.monitoring.detectors import (
     FloatArray,
     LevelDetector,
     MahalanobisDetector,
+    MissingDetector,
     PointDetector,
     RollingRMSDetector,
+    ShiftDetector,
     VarianceFloorDetector,
 )
 
 STATE_VERSION = 2
-DETECTOR_ORDER = ("point", "rolling_rms", "variance_floor", "cusum", "level", "mahalanobis")
+DETECTOR_ORDER = (
+    "point",
+    "rolling_rms",
+    "variance_floor",
+    "cusum",
+    "level",
+    "mahalanobis",
+    "shift",
+    "missing",
+)
+"""The order detectors run, report and keep their state in (new kinds go last: a saved state
+lists its detectors' floats in this order)."""
+PER_CHANNEL = ("point", "rolling_rms", "variance_floor", "cusum", "shift")
+"""Detectors that read residuals and run on each monitored channel on its own."""
 
 
 # --- configuration (what a manifest stores) ------------------------------------------------------
@@ -53,6 +68,11 @@ class _DetectorConfig(BaseModel):
 
     threshold: float = Field(allow_inf_nan=False)
     alarm: AlarmPolicy | None = None  # overrides the monitor's default policy
+    gains: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
+        default=None,
+        description="Per monitored channel, what its statistic is multiplied by before the "
+        "threshold (0: the channel is not watched by this detector); none: 1 each.",
+    )
 
 
 class PointConfig(_DetectorConfig):
@@ -81,6 +101,16 @@ class LevelConfig(_DetectorConfig):
     window: int = Field(default=10, ge=2)
 
 
+class ShiftConfig(_DetectorConfig):
+    kind: Literal["shift"] = "shift"
+    window: int = Field(default=10, ge=2)
+
+
+class MissingConfig(_DetectorConfig):
+    kind: Literal["missing"] = "missing"
+    threshold: float = Field(default=0.5, allow_inf_nan=False)
+
+
 class MahalanobisConfig(_DetectorConfig):
     kind: Literal["mahalanobis"] = "mahalanobis"
     covariance: list[list[float]]
@@ -92,7 +122,9 @@ DetectorConfig = Annotated[
     | VarianceFloorConfig
     | CusumConfig
     | LevelConfig
-    | MahalanobisConfig,
+    | MahalanobisConfig
+    | ShiftConfig
+    | MissingConfig,
     Field(discriminator="kind"),
 ]
 
@@ -121,6 +153,12 @@ class MonitorConfig(BaseModel):
                 raise ValueError(
                     f"mahalanobis covariance is {len(d.covariance)}x.. for {self.channels} channels"
                 )
+            if d.gains is not None and d.kind not in PER_CHANNEL:
+                raise ValueError(f"{d.kind} reads no residual channel: it takes no gains")
+            if d.gains is not None and len(d.gains) != self.channels:
+                raise ValueError(f"{d.kind}: {len(d.gains)} gains for {self.channels} channels")
+            if d.gains is not None and not any(d.gains):
+                raise ValueError(f"{d.kind}: every gain is 0, the detector would watch nothing")
         return self
 
     @classmethod
@@ -164,6 +202,10 @@ def build_detector(config: DetectorConfig) -> Detector:
         )
     if isinstance(config, LevelConfig):
         return LevelDetector(threshold=threshold, window=config.window)
+    if isinstance(config, ShiftConfig):
+        return ShiftDetector(threshold=threshold, window=config.window)
+    if isinstance(config, MissingConfig):
+        return MissingDetector(threshold=threshold)
     return MahalanobisDetector(threshold=threshold, covariance=config.covariance)
 
 
@@ -210,13 +252,25 @@ class Monitor:
             )
             for detector, settings in zip(self.detectors, ordered, strict=True)
         ]
+        channels = config.channels
+        # Per detector: the gain of each channel it watches (None: it reads no residual
+        # channel), and where its floats sit in a stream's state (one set per channel watched).
+        self.gains: list[FloatArray | None] = [
+            (np.asarray(settings.gains, dtype=np.float64) if settings.gains else np.ones(channels))
+            if detector.kind in PER_CHANNEL
+            else None
+            for detector, settings in zip(self.detectors, ordered, strict=True)
+        ]
         self.slices: list[slice] = []
         offset = 0
-        for detector in self.detectors:
-            self.slices.append(slice(offset, offset + detector.state_size))
-            offset += detector.state_size
+        initial: list[FloatArray] = []
+        for detector, gains in zip(self.detectors, self.gains, strict=True):
+            copies = 1 if gains is None else channels
+            self.slices.append(slice(offset, offset + copies * detector.state_size))
+            offset += copies * detector.state_size
+            initial += [detector.initial_state()] * copies
         self.state_size = offset
-        self._initial = np.concatenate([np.empty(0), *(d.initial_state() for d in self.detectors)])
+        self._initial = np.concatenate([np.empty(0), *initial])
 
     @property
     def thresholds(self) -> dict[str, float]:
@@ -232,9 +286,11 @@ class Monitor:
         reference_gaps: FloatArray | None = None,
         *,
         first_samples: Sequence[int],
+        missing: FloatArray | None = None,
     ) -> MonitorBlock:
         """Advance each stream's state (row i of the block is `states[i]`, its reading t the
-        stream's sample `first_samples[i] + t`) and say what happened."""
+        stream's sample `first_samples[i] + t`) and say what happened. `missing`: 1 for a
+        reading that came without a number, 0 for a complete one, NaN for no reading."""
         matrix = np.asarray(residuals, dtype=np.float64)
         if matrix.ndim == 2:
             matrix = matrix[:, :, None]
@@ -252,6 +308,13 @@ class Monitor:
                 raise DataError(
                     f"reference gaps of shape {gaps.shape} for residuals {matrix.shape}"
                 )
+        absent = None
+        if missing is not None:
+            absent = np.asarray(missing, dtype=np.float64)
+            if absent.shape != (count, steps):
+                raise DataError(
+                    f"missing flags of shape {absent.shape} for residuals {matrix.shape}"
+                )
         for name, values in (("residual", matrix), ("reference gap", gaps)):
             if values is not None and np.isinf(values).any():
                 row, t = (int(i) for i in np.argwhere(np.isinf(values))[0][:2])
@@ -266,16 +329,19 @@ class Monitor:
         for index, (detector, rule, part) in enumerate(
             zip(self.detectors, self.rules, self.slices, strict=True)
         ):
-            if detector.source == "reference_gap":
-                if gaps is None:  # no reference: no statistic, the state holds
+            per_channel = None
+            if detector.source == "reference_gap" or detector.source == "missing":
+                inputs = gaps if detector.source == "reference_gap" else absent
+                if inputs is None:  # no reference (no flags): no statistic, the state holds
                     block.statistics[detector.kind] = np.full((count, steps), np.nan)
                     continue
-                inputs = gaps
+                statistics, after[:, part] = detector.statistics(inputs, stacked[:, part])
             elif detector.source == "vector":
-                inputs = matrix
+                statistics, after[:, part] = detector.statistics(matrix, stacked[:, part])
             else:
-                inputs = matrix[:, :, 0]
-            statistics, after[:, part] = detector.statistics(inputs, stacked[:, part])
+                statistics, per_channel, after[:, part] = self._per_channel(
+                    detector, self.gains[index], matrix, stacked[:, part]
+                )
             block.statistics[detector.kind] = statistics
             exceeded = detector.exceeds(statistics)
             if not (busy or exceeded.any()):
@@ -289,11 +355,13 @@ class Monitor:
                     first_samples[row],
                 )
                 has = [t for t, value in enumerate(values) if value == value]  # not NaN
+                alarming = [position for position, t in enumerate(has) if over[t]]
                 opened, closed = rule.observe(
                     states[row].rules[index],
                     [first + t for t in has],
                     [values[t] for t in has],
-                    [position for position, t in enumerate(has) if over[t]],
+                    alarming,
+                    self._details(detector, per_channel, matrix, row, [has[p] for p in alarming]),
                 )
                 if opened:
                     block.opened.setdefault(row, []).extend(opened)
@@ -309,6 +377,47 @@ class Monitor:
         for events in block.closed.values():
             events.sort(key=lambda e: (e.cleared_at or 0, order[e.detector]))
         return block
+
+    @staticmethod
+    def _per_channel(
+        detector: Detector, gains: FloatArray | None, matrix: FloatArray, state: FloatArray
+    ) -> tuple[FloatArray, FloatArray | None, FloatArray]:
+        """A residual detector on each channel (N streams x C channels as N*C rows, each with
+        its own floats), each statistic times its channel's gain, combined into the one
+        farthest on the alarming side. Returns it, the gained statistics per channel (None for
+        one channel) and the new state."""
+        count, steps, channels = matrix.shape
+        if channels == 1 and (gains is None or gains[0] == 1.0):
+            single, after = detector.statistics(matrix[:, :, 0], state)
+            return single, None, after
+        size = detector.state_size
+        rows = np.ascontiguousarray(matrix.transpose(0, 2, 1)).reshape(count * channels, steps)
+        raw, after = detector.statistics(rows, state.reshape(count * channels, size))
+        weights = np.ones(channels) if gains is None else gains
+        watched = weights > 0
+        per_channel = raw.reshape(count, channels, steps).transpose(0, 2, 1) * weights
+        per_channel[:, :, ~watched] = np.nan
+        combine = np.fmax if detector.direction == "above" else np.fmin
+        statistics: FloatArray = combine.reduce(per_channel, axis=2)
+        return statistics, (per_channel if channels > 1 else None), after.reshape(count, -1)
+
+    @staticmethod
+    def _details(
+        detector: Detector,
+        per_channel: FloatArray | None,
+        matrix: FloatArray,
+        row: int,
+        steps: Sequence[int],
+    ) -> list[list[float]] | None:
+        """Per channel, what each exceedance is made of (for the peak's detail): the channel's
+        gained statistic (0 for a channel it does not watch), or its term of the Mahalanobis
+        distance; None for one channel."""
+        parts: list[list[float]] | None = None
+        if per_channel is not None:
+            parts = np.nan_to_num(per_channel[row, steps], nan=0.0).tolist()
+        elif isinstance(detector, MahalanobisDetector) and steps:
+            parts = detector.contributions(matrix[row, steps]).tolist()
+        return parts
 
     # -- state --
 
@@ -355,9 +464,11 @@ class Monitor:
         except (TypeError, ValueError):
             raise DataError("monitor state values must be numbers or null") from None
         for detector, part in zip(self.detectors, self.slices, strict=True):
-            problem = detector.check_state(values[part])
-            if problem is not None:
-                raise DataError(f"monitor state: {problem}")
+            size = detector.state_size
+            for floats in values[part].reshape(-1, size) if size else []:
+                problem = detector.check_state(floats)
+                if problem is not None:
+                    raise DataError(f"monitor state: {problem}")
         rules = [
             RuleState.from_json(raw_rules[rule.detector], rule.policy, rule.detector)
             for rule in self.rules

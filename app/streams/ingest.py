@@ -399,6 +399,7 @@ def _committed(
             readings=outcome.accepted,
             latest=live.state.latest,
             kinds=live.recurrence.monitor.kinds_tuple,
+            targets=live.recurrence.targets,
             active=set(open_peaks),
             opened=[alarm.detector for alarm in outcome.opened],
         )

@@ -56,9 +56,9 @@ class StreamState:
     missing_run: int  # null readings in a row just seen
     history: FloatArray  # (context, C) the latest readings (imputed ones included); NaN: none
     carry: FloatArray  # (carry_size,) float32: what the forecaster keeps between readings
-    pending: FloatArray  # (horizon,) the forecast made after the last reading; NaN: none
+    pending: FloatArray  # (outputs,) the forecast made after the last reading; NaN: none
     monitor: MonitorState
-    latest: FloatArray  # (2 + detectors,) the last forecast, residual and statistics; NaN: none
+    latest: FloatArray  # (2 targets + detectors,) the last forecasts, residuals, statistics
 
     def to_bytes(self, monitor: Monitor) -> bytes:
         """The checkpoint: exact JSON (floats round-trip), written by pydantic-core. The last
@@ -140,12 +140,22 @@ class StreamResult:
 
     @property
     def forecast(self) -> FloatArray:
-        """NaN while warming up."""
-        return self._part(self._block.forecast)
+        """The first forecast channel's; NaN while warming up."""
+        return self._part(self._block.forecast)[:, 0]
 
     @property
     def residual(self) -> FloatArray:
-        """NaN without a forecast, and for an imputed reading."""
+        """The first forecast channel's; NaN without a forecast, and for an imputed reading."""
+        return self._part(self._block.residual)[:, 0]
+
+    @property
+    def forecasts(self) -> FloatArray:
+        """(readings, targets): every forecast channel's."""
+        return self._part(self._block.forecast)
+
+    @property
+    def residuals(self) -> FloatArray:
+        """(readings, targets)."""
         return self._part(self._block.residual)
 
     @property
@@ -175,8 +185,8 @@ class BlockResult:
 
     offsets: np.ndarray  # (N + 1,): stream i's readings are [offsets[i], offsets[i + 1])
     first_samples: list[int]
-    forecast: FloatArray
-    residual: FloatArray
+    forecast: FloatArray  # (R, targets)
+    residual: FloatArray  # (R, targets)
     imputed: np.ndarray
     monitored: np.ndarray
     reference_gap: FloatArray
@@ -214,8 +224,11 @@ class Recurrence:
         *,
         max_gap: int = DEFAULT_MAX_GAP,
     ) -> None:
-        if monitor_config.channels != 1:
-            raise ValueError("the recurrence monitors the residual of channel 0")
+        if monitor_config.channels != forecaster.targets:
+            raise ValueError(
+                f"the monitor watches {monitor_config.channels} residual channel(s), the model "
+                f"forecasts {forecaster.targets}"
+            )
         if max_gap < 1:
             raise ValueError("max_gap must be at least 1")
         self.forecaster = forecaster
@@ -223,6 +236,7 @@ class Recurrence:
         self.max_gap = max_gap
         self.window = forecaster.window
         self.channels = forecaster.n_channels
+        self.targets = forecaster.targets
 
     @property
     def monitor_config(self) -> MonitorConfig:
@@ -240,9 +254,9 @@ class Recurrence:
             missing_run=0,
             history=np.full((forecaster.context, self.channels), np.nan),
             carry=forecaster.initial_carry(1)[0],
-            pending=np.full(forecaster.horizon, np.nan),
+            pending=np.full(forecaster.outputs, np.nan),
             monitor=self.monitor.new_state(),
-            latest=np.full(2 + len(self.monitor.detectors), np.nan),
+            latest=np.full(self._latest_size, np.nan),
         )
 
     def restore(
@@ -269,15 +283,14 @@ class Recurrence:
         carry = _array(saved.get("carry"), (forecaster.carry_size,), "carry")
         if np.isnan(carry).any():
             raise DataError("stream state: the forecaster's carry must be numbers")
-        detectors = len(self.monitor.detectors)
         monitor = (
             self.monitor.new_state()
             if fresh_monitor
             else self.monitor.state_from_json(saved.get("monitor") or {})
         )
-        latest = _array(saved.get("latest"), (2 + detectors,), "latest")
+        latest = _array(saved.get("latest"), (self._latest_size,), "latest")
         if fresh_monitor:
-            latest[2:] = np.nan
+            latest[2 * self.targets :] = np.nan
         return StreamState(
             samples=samples,
             last_time=last_time,
@@ -286,7 +299,7 @@ class Recurrence:
             missing_run=missing_run,
             history=_array(saved.get("history"), (forecaster.context, self.channels), "history"),
             carry=carry.astype(np.float32),
-            pending=_array(saved.get("pending"), (forecaster.horizon,), "pending"),
+            pending=_array(saved.get("pending"), (forecaster.outputs,), "pending"),
             monitor=monitor,
             latest=latest,
         )
@@ -318,7 +331,7 @@ class Recurrence:
             "missing_run": saved.get("missing_run"),
             "history": history.ravel().tolist(),
             "carry": carry.tolist(),
-            "pending": saved.get("pending") or [None] * self.forecaster.horizon,
+            "pending": saved.get("pending") or [None] * self.forecaster.outputs,
             "monitor": saved.get("monitor"),
             "latest": [
                 saved.get("last_forecast"),
@@ -341,19 +354,28 @@ class Recurrence:
             raise DataError(
                 f"the stream is warming up: {remaining} more readings before it can forecast"
             )
-        return state.pending[:horizon].copy()
+        steps = state.pending.reshape(self.forecaster.horizon, self.targets)
+        return steps[:horizon, 0].copy()
 
-    def latest(self, state: StreamState) -> tuple[float | None, float | None, dict[str, float]]:
-        """The last forecast, residual and statistics a stream had (None or absent: none yet)."""
+    @property
+    def _latest_size(self) -> int:
+        return 2 * self.targets + len(self.monitor.detectors)
+
+    def latest(
+        self, state: StreamState
+    ) -> tuple[list[float | None], list[float | None], dict[str, float]]:
+        """The last forecast and residual of each forecast channel, and the last statistics, a
+        stream had (None or absent: none yet)."""
         values: list[float | None] = [
             None if math.isnan(x) else float(x) for x in state.latest.tolist()
         ]
+        targets = self.targets
         statistics = {
             str(kind): value
-            for kind, value in zip(self.monitor.kinds, values[2:], strict=True)
+            for kind, value in zip(self.monitor.kinds, values[2 * targets :], strict=True)
             if value is not None
         }
-        return values[0], values[1], statistics
+        return values[:targets], values[targets : 2 * targets], statistics
 
     # -- the recurrence --
 
@@ -403,27 +425,38 @@ class Recurrence:
             return out
 
         def flat(per_position: np.ndarray) -> np.ndarray:
-            return per_position.reshape(-1) if scatter is None else per_position[scatter]
+            """(N, T, ...) -> (R, ...): the readings given, in their order."""
+            cut: np.ndarray = (
+                per_position.reshape(-1, *per_position.shape[2:])
+                if scatter is None
+                else per_position[scatter]
+            )
+            return cut
 
         restart = padded(self._gaps(states, readings.times, offsets, counts, periods), False)
         plan = self._plan(states, present, np.isnan(block).any(axis=2) & present, restart, counts)
         forecast = self._forecast(states, block, plan)
 
         has_forecast = (plan.action == _REAL) & plan.warm
-        residual = np.where(has_forecast, block[:, :, 0] - forecast, np.nan)
-        monitored = has_forecast & plan.clean & ~np.isnan(residual)
+        targets = self.targets
+        residual = np.where(has_forecast[:, :, None], block[:, :, :targets] - forecast, np.nan)
+        monitored = has_forecast & plan.clean & ~np.isnan(residual).any(axis=2)
         gaps = np.full((streams, steps), np.nan)
         if readings.references is not None:
             reference = padded(readings.references, np.nan)
-            gaps = np.where(has_forecast & ~np.isnan(forecast), block[:, :, 0] - reference, np.nan)
+            gaps = np.where(
+                has_forecast & ~np.isnan(forecast[:, :, 0]), block[:, :, 0] - reference, np.nan
+            )
+        missing = np.where(present, (plan.action >= _IMPUTED).astype(np.float64), np.nan)
         first_samples = [state.samples for state in states]
         watched = self.monitor.advance(
             [state.monitor for state in states],
-            np.where(monitored, residual, np.nan),
+            np.where(monitored[:, :, None], residual, np.nan),
             None if readings.references is None else gaps,
             first_samples=first_samples,
+            missing=missing,
         )
-        forecast = np.where(plan.warm, forecast, np.nan)
+        forecast = np.where(plan.warm[:, :, None], forecast, np.nan)
         self._remember_latest(states, forecast, residual, watched.statistics)
         for row, state in enumerate(states):
             if counts[row]:
@@ -451,7 +484,13 @@ class Recurrence:
         statistics: Mapping[str, np.ndarray],
     ) -> None:
         """Each stream's last forecast, residual and statistics, for what reads show."""
-        series = np.array([forecast, residual, *(statistics[k] for k in self.monitor.kinds)])
+        series = np.array(
+            [
+                *forecast.transpose(2, 0, 1),
+                *residual.transpose(2, 0, 1),
+                *(statistics[k] for k in self.monitor.kinds),
+            ]
+        )
         known = ~np.isnan(series)  # (quantities, N, T)
         steps = series.shape[2]
         if steps == 1:
@@ -569,14 +608,16 @@ class Recurrence:
     def _forecast(
         self, states: Sequence[StreamState], block: np.ndarray, plan: _Plan
     ) -> np.ndarray:
-        """Each reading's forecast (NaN where none), the forecaster called once per stretch of
+        """Each reading's forecast of each target, (N, T, targets) (NaN where none), the
+        forecaster called once per stretch of
         readings that no stream interrupts; imputed readings are written into `block`.
 
         A stretch ends where a stream's reading is imputed (its value is the forecast the
         previous stretch ends with), dropped, starts a run, or where a stream's readings end."""
         forecaster = self.forecaster
         streams, steps = plan.action.shape
-        forecast = np.full((streams, steps), np.nan)
+        targets = self.targets
+        forecast = np.full((streams, steps, targets), np.nan)
         if not streams or not steps:
             return forecast
         history = np.array([state.history for state in states])
@@ -602,12 +643,14 @@ class Recurrence:
             imputed = selected[plan.action[selected, start] == _IMPUTED]
             if imputed.size:
                 guess = block[imputed, start].copy()
-                guess[:, 0] = np.where(np.isnan(guess[:, 0]), pending[imputed, 0], guess[:, 0])
+                guess[:, :targets] = np.where(
+                    np.isnan(guess[:, :targets]), pending[imputed, :targets], guess[:, :targets]
+                )
                 block[imputed, start] = np.where(np.isnan(guess), history[imputed, -1], guess)
             stretch = block[rows, start:stop]
             made, carry[rows] = forecaster.advance(history[rows], stretch, carry[rows])
-            forecast[rows, start] = pending[rows, 0]
-            forecast[rows, start + 1 : stop] = made[:, :-1, 0]
+            forecast[rows, start] = pending[rows, :targets]
+            forecast[rows, start + 1 : stop] = made[:, :-1, :targets]
             pending[rows] = made[:, -1]
             context = forecaster.context
             history[rows] = np.concatenate((history[rows], stretch), axis=1)[:, -context:]
