@@ -1,0 +1,1 @@
+"""Streams that learn their own model and thresholds from their first readings."""

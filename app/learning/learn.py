@@ -1,0 +1,190 @@
+"""What a stream learns from its first readings: its sample period, its seasons, a model of each
+channel and the detectors' thresholds.
+
+    learned = learn(times, values, false_alarms_per_day=1.0)
+    learned.recurrence()          # the stream recurrence that monitors the stream from now on
+    learned.to_json()             # what the database keeps (LearnedModel.from_json reads it)
+
+Pure: numpy and scipy, no I/O. The residuals the thresholds come from are computed by the
+stream recurrence itself (`app/streams/recurrence.py`), the code that will monitor the stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.errors import DataError
+from app.forecasting.lagged import ChannelFit, LaggedLinear, fit_channel
+from app.learning.thresholds import ChannelScale, detectors_for
+from app.monitoring.monitor import MissingConfig, MonitorConfig
+from app.streams.recurrence import DEFAULT_MAX_GAP, Readings, Recurrence
+
+LEARNED_VERSION = 1
+MIN_READINGS = 100
+"""The shortest learning period: fewer readings cannot hold a model and a hold-out apart."""
+SEASON_STRENGTH = 0.3
+"""A period is offered to the models when the readings' autocorrelation at it reaches 0.3."""
+DAY_S, WEEK_S = 86_400.0, 7 * 86_400.0
+
+
+def sample_period(times: np.ndarray) -> float:
+    """The median step between readings (microsecond times), in seconds."""
+    steps = np.diff(np.asarray(times, dtype=np.int64))
+    steps = steps[steps > 0]
+    if not steps.size:
+        raise DataError("the learning readings need at least two distinct times")
+    return float(np.median(steps)) / 1e6
+
+
+def seasonal_periods(values: np.ndarray, period_s: float) -> list[int]:
+    """Periods (in readings) worth offering to the models: a day and a week when the readings
+    cover two of them, and the strongest peak of the autocorrelation of the detrended readings
+    (at least 0.3, at most a third of the readings)."""
+    count = values.shape[0]
+    found: set[int] = set()
+    for season in (DAY_S, WEEK_S):
+        steps = round(season / period_s)
+        if steps >= 2 and 2 * steps + 10 <= count:
+            found.add(steps)
+    series = values[~np.isnan(values)]
+    if series.size >= 30 and np.ptp(series) > 0:
+        x = np.arange(series.size)
+        detrended = series - np.polyval(np.polyfit(x, series, 1), x)
+        detrended = detrended - detrended.mean()
+        power = np.abs(np.fft.rfft(detrended, 2 * series.size)) ** 2
+        acf = np.fft.irfft(power)[: series.size]
+        if acf[0] > 0:
+            acf = acf / acf[0] * series.size / (series.size - np.arange(series.size))
+            longest = series.size // 3
+            peaks = [
+                lag
+                for lag in range(2, longest)
+                if acf[lag] >= SEASON_STRENGTH and acf[lag - 1] <= acf[lag] > acf[lag + 1]
+            ]
+            # A peak counts only if the correlation dipped well below it before (the slow decay
+            # of a wandering level is not a season).
+            peaks = [lag for lag in peaks if acf[1:lag].min() < acf[lag] - 0.2]
+            if peaks:
+                found.add(max(peaks, key=lambda lag: acf[lag]))
+    return sorted(found)
+
+
+@dataclass(frozen=True)
+class LearnedModel:
+    """A stream's learned model and detectors, with how they were obtained."""
+
+    fits: list[ChannelFit]
+    monitor: MonitorConfig
+    scales: list[ChannelScale]
+    sample_period_s: float
+    readings: int
+    false_alarms_per_day: float
+    seasons: list[int] = field(default_factory=list)
+
+    @property
+    def forecaster(self) -> LaggedLinear:
+        return LaggedLinear(self.fits)
+
+    def recurrence(self, *, max_gap: int = DEFAULT_MAX_GAP) -> Recurrence:
+        return Recurrence(self.forecaster, self.monitor, max_gap=max_gap)
+
+    def summary(self, channels: list[str]) -> dict[str, Any]:
+        """Per channel: the model chosen, its hold-out error beside the naive forecast's, the
+        residual scale. What `GET /v1/streams/{id}` shows."""
+        return {
+            name: {
+                "kind": fit.kind,
+                "period": fit.period,
+                "validation_rmse": _number(fit.validation_rmse),
+                "naive_rmse": _number(fit.naive_rmse),
+                "residual_scale": scale.scale,
+            }
+            for name, fit, scale in zip(channels, self.fits, self.scales, strict=True)
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": LEARNED_VERSION,
+            "fits": [fit.as_json() for fit in self.fits],
+            "monitor": self.monitor.model_dump(mode="json"),
+            "scales": [[s.scale, s.resolution] for s in self.scales],
+            "sample_period_s": self.sample_period_s,
+            "readings": self.readings,
+            "false_alarms_per_day": self.false_alarms_per_day,
+            "seasons": self.seasons,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> LearnedModel:
+        if raw.get("version") != LEARNED_VERSION:
+            raise DataError(f"learned model version {raw.get('version')!r} is not supported")
+        return cls(
+            fits=[ChannelFit.from_json(fit) for fit in raw["fits"]],
+            monitor=MonitorConfig.model_validate(raw["monitor"]),
+            scales=[ChannelScale(float(a), float(b)) for a, b in raw["scales"]],
+            sample_period_s=float(raw["sample_period_s"]),
+            readings=int(raw["readings"]),
+            false_alarms_per_day=float(raw["false_alarms_per_day"]),
+            seasons=[int(x) for x in raw.get("seasons", [])],
+        )
+
+
+def _number(x: float) -> float | None:
+    return None if x != x else x
+
+
+def learn(
+    times: np.ndarray,
+    values: np.ndarray,
+    *,
+    sample_period_s: float | None = None,
+    false_alarms_per_day: float = 1.0,
+    max_gap: int = DEFAULT_MAX_GAP,
+) -> LearnedModel:
+    """Learn a stream from its readings: times (R,) int64 microseconds, values (R, C), NaN for
+    a missing number. DataError if they cannot teach anything."""
+    values = np.asarray(values, dtype=np.float64)
+    if values.ndim == 1:
+        values = values[:, None]
+    count, channels = values.shape
+    if count < MIN_READINGS:
+        raise DataError(f"learning needs at least {MIN_READINGS} readings, got {count}")
+    if not false_alarms_per_day > 0:
+        raise DataError("false_alarms_per_day must be positive")
+    period = sample_period(times) if sample_period_s is None else float(sample_period_s)
+    for c in range(channels):
+        if np.isnan(values[:, c]).all():
+            raise DataError(f"channel {c} has no number among the learning readings")
+    seasons = sorted({p for c in range(channels) for p in seasonal_periods(values[:, c], period)})
+    fits = [fit_channel(values[:, c], seasons) for c in range(channels)]
+    forecaster = LaggedLinear(fits)
+    placeholder = MonitorConfig(channels=channels, detectors=[MissingConfig()])
+    recurrence = Recurrence(forecaster, placeholder, max_gap=max_gap)
+    block = recurrence.advance(
+        [recurrence.new_state()],
+        Readings.of_one(np.asarray(times, dtype=np.int64), values),
+        [period],
+    )
+    result = block.stream(0)
+    residuals = np.where(result.monitored[:, None], result.residuals, np.nan)
+    missing = np.isnan(values).any(axis=1).astype(np.float64)
+    monitor, scales = detectors_for(
+        residuals,
+        values,
+        [fit.offset for fit in fits],
+        missing=missing,
+        sample_period_s=period,
+        false_alarms_per_day=false_alarms_per_day,
+    )
+    return LearnedModel(
+        fits=fits,
+        monitor=monitor,
+        scales=scales,
+        sample_period_s=period,
+        readings=count,
+        false_alarms_per_day=false_alarms_per_day,
+        seasons=seasons,
+    )

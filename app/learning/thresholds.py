@@ -1,0 +1,248 @@
+"""A learned stream's detectors and thresholds, from its learning readings' residuals.
+
+Each detector gets a share of the stream's false-alarm budget (false alarms per day), split
+evenly between the detectors and then between the channels one watches. A threshold is the
+highest of three numbers, so that a short learning period can only make it stricter, never
+laxer, than what the data show:
+
+- the prior: where the statistic would cross the budget if the residuals were Gaussian with
+  the scale the learning readings show (for a windowed statistic, correlated residuals widen
+  it: the long-run variance of their mean is estimated from their autocorrelation);
+- the tail: an exponential tail fitted to the largest tenth of the learning statistics (peaks
+  over threshold, the shape fixed at 0 since a few hundred readings cannot tell it), its
+  scale shrunk towards the prior's with ten pseudo-excesses, extrapolated to the budget;
+- the largest value the learning readings produced: they are normal by definition.
+
+The residual scale is the half-width of the residuals' central 68% (sigma for a Gaussian,
+undisturbed by a sixth of outliers or by quantised readings), floored by the sensor's resolution
+(the smallest non-zero change it has shown) and by 1e-12 of its level, so a flat or integer
+series has a finite scale. Thresholds are written as gains (1 / threshold) with the detector's
+threshold 1: a learned stream's statistics read as multiples of their thresholds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+from scipy import stats
+
+from app.monitoring.alarms import AlarmPolicy
+from app.monitoring.monitor import (
+    DetectorConfig,
+    MahalanobisConfig,
+    MissingConfig,
+    MonitorConfig,
+    PointConfig,
+    RollingRMSConfig,
+    ShiftConfig,
+    VarianceFloorConfig,
+)
+
+SECONDS_PER_DAY = 86_400.0
+SHIFT_WINDOW = 10
+"""Readings the shift detector averages: a level change is confirmed within ten readings."""
+RMS_WINDOW = 50
+FLOOR_WINDOW = 20
+MISSING_WINDOW = 10
+QUIET_TO_CLOSE = 10
+"""Readings back inside every threshold before an alarm closes."""
+RMS_SMALLEST_RISE = math.sqrt(2.0)
+"""The rolling RMS alarms on no less than a doubling of the residual variance: real noise
+levels wander by tens of percent."""
+WINDOWS_TO_CHARACTERISE = 20
+"""A windowed detector runs only if the learning readings hold 20 of its windows: fewer cannot
+tell how much a window's statistic varies in normal operation (the rolling RMS over 50 readings
+needs 1,000 learning readings)."""
+TAIL_FRACTION = 0.1
+PSEUDO_EXCESSES = 10.0
+FLOOR_FRACTION = 0.5
+"""A frozen sensor: a window's residual spread below half the smallest the learning saw."""
+
+
+@dataclass(frozen=True)
+class ChannelScale:
+    scale: float
+    resolution: float
+
+
+def residual_scale(residuals: np.ndarray, values: np.ndarray, level: float) -> ChannelScale:
+    """The scale of one channel's residuals with its floors (see the module)."""
+    finite = residuals[~np.isnan(residuals)]
+    spread = 0.0
+    if finite.size >= 2:
+        low, high = np.percentile(finite, [15.865, 84.135])
+        spread = float(high - low) / 2
+    steps = np.abs(np.diff(values[~np.isnan(values)]))
+    steps = steps[steps > 0]
+    resolution = float(steps.min()) if steps.size else 0.0
+    floor = max(resolution, 1e-12 * abs(level), 1e-300)
+    return ChannelScale(scale=max(spread, floor), resolution=resolution)
+
+
+def _long_run_factor(z: np.ndarray, window: int) -> float:
+    """Var(mean of `window` residuals) x window / var(residual), from the autocorrelation of
+    the standardised residuals `z` (NaN-free runs), between 1 and `window`."""
+    z = z[~np.isnan(z)]
+    if z.size < 3 * window:
+        return math.sqrt(window)  # too short to tell: halfway (in log) to fully correlated
+    z = z - z.mean()
+    variance = float(z @ z) / z.size or 1.0
+    total = 1.0
+    for lag in range(1, window):
+        rho = float(z[lag:] @ z[:-lag]) / z.size / variance
+        total += 2 * (1 - lag / window) * rho
+    return min(max(total, 1.0), float(window))
+
+
+def _tail(sample: np.ndarray, rate: float, prior_scale: float) -> float:
+    """The exponential-tail estimate of the level exceeded with probability `rate` (NaN if the
+    sample is too small)."""
+    sample = np.sort(sample[~np.isnan(sample)])
+    if sample.size < 50:
+        return math.nan
+    start = int(sample.size * (1 - TAIL_FRACTION))
+    level = float(sample[start - 1])
+    excesses = sample[start:] - level
+    scale = (float(excesses.sum()) + PSEUDO_EXCESSES * prior_scale) / (
+        excesses.size + PSEUDO_EXCESSES
+    )
+    fraction = excesses.size / sample.size
+    if rate >= fraction:
+        return level
+    return level + scale * math.log(fraction / rate)
+
+
+def _rolling(values: np.ndarray, window: int) -> np.ndarray:
+    """(T, window) windows of a 1-D series (none if shorter)."""
+    if values.shape[0] < window:
+        return np.empty((0, window))
+    return sliding_window_view(values, window)
+
+
+def detectors_for(
+    residuals: np.ndarray,
+    values: np.ndarray,
+    levels: list[float],
+    *,
+    missing: np.ndarray,
+    sample_period_s: float,
+    false_alarms_per_day: float,
+) -> tuple[MonitorConfig, list[ChannelScale]]:
+    """The monitor of a learned stream: residuals (R, C) of its learning readings (NaN where
+    none), its readings (R, C), each channel's level, which readings were null (R,)."""
+    readings_per_day = SECONDS_PER_DAY / sample_period_s
+    count, channels = residuals.shape
+    scales = [residual_scale(residuals[:, c], values[:, c], levels[c]) for c in range(channels)]
+    families = 5 if channels > 1 else 4  # point, shift, rms, floor (+ mahalanobis), missing
+    share = false_alarms_per_day / (families + 1)
+
+    def budget_rate(window: int, watched: int) -> float:
+        """The probability a reading's statistic may exceed: the family's share of events a
+        day, each about `window` readings long, over the readings of a day."""
+        return min(0.5, share / watched * window / readings_per_day)
+
+    point_gains, shift_gains, rms_gains, floor_gains = [], [], [], []
+    for c, scale in enumerate(scales):
+        r = residuals[:, c]
+        s = scale.scale
+        z = r / s
+        finite = np.abs(r[~np.isnan(r)])
+        observed = float(finite.max()) if finite.size else 0.0
+
+        rate = budget_rate(1, channels)
+        prior = s * float(stats.norm.isf(rate / 2))
+        tail = _tail(finite, rate, s / max(prior / s, 1.0))
+        point_gains.append(1.0 / max(prior, _finite_or(tail, 0.0), observed))
+
+        factor = _long_run_factor(z, SHIFT_WINDOW)
+        windows = _rolling(r, SHIFT_WINDOW)
+        means = np.abs(windows.mean(axis=1)) if windows.size else np.empty(0)
+        rate = budget_rate(SHIFT_WINDOW, channels)
+        spread = s * math.sqrt(factor / SHIFT_WINDOW)
+        prior = spread * float(stats.norm.isf(rate / 2))
+        tail = _tail(means, rate, spread / max(prior / spread, 1.0))
+        observed = float(np.nanmax(means)) if means.size and not np.isnan(means).all() else 0.0
+        shift_gains.append(1.0 / max(prior, _finite_or(tail, 0.0), observed))
+
+        factor = _long_run_factor(z * z - 1, RMS_WINDOW)
+        windows = _rolling(r * r, RMS_WINDOW)
+        rms = np.sqrt(windows.mean(axis=1)) if windows.size else np.empty(0)
+        rate = budget_rate(RMS_WINDOW, channels)
+        prior = s * max(
+            RMS_SMALLEST_RISE,
+            math.sqrt(1 + float(stats.norm.isf(rate)) * math.sqrt(2 * factor / RMS_WINDOW)),
+        )
+        observed = float(np.nanmax(rms)) if rms.size and not np.isnan(rms).all() else 0.0
+        tail = _tail(rms, rate, s * 0.1)
+        rms_gains.append(1.0 / max(prior, _finite_or(tail, 0.0), observed))
+
+        windows = _rolling(r, FLOOR_WINDOW)
+        spreads = windows.std(axis=1) if windows.size else np.empty(0)
+        spreads = spreads[~np.isnan(spreads)]
+        lowest = float(spreads.min()) if spreads.size else 0.0
+        # A sensor that already sat still for a whole window while learning is not watched for
+        # freezing: its stillness is normal.
+        floor_gains.append(1.0 / (FLOOR_FRACTION * lowest) if lowest > scale.resolution else 0.0)
+
+    quiet = AlarmPolicy(k=1, n=1, m=QUIET_TO_CLOSE)
+    detectors: list[DetectorConfig] = [
+        PointConfig(threshold=1.0, gains=point_gains),
+        ShiftConfig(threshold=1.0, window=SHIFT_WINDOW, gains=shift_gains),
+    ]
+    if count >= WINDOWS_TO_CHARACTERISE * RMS_WINDOW:
+        detectors.append(RollingRMSConfig(threshold=1.0, window=RMS_WINDOW, gains=rms_gains))
+    if count >= WINDOWS_TO_CHARACTERISE * FLOOR_WINDOW and any(floor_gains):
+        detectors.append(VarianceFloorConfig(threshold=1.0, window=FLOOR_WINDOW, gains=floor_gains))
+    if channels > 1:
+        detectors.append(_mahalanobis(residuals, scales, budget_rate(1, 1)))
+    detectors.append(_missing(missing, share, readings_per_day))
+    return MonitorConfig(channels=channels, alarm=quiet, detectors=detectors), scales
+
+
+def _mahalanobis(
+    residuals: np.ndarray, scales: list[ChannelScale], rate: float
+) -> MahalanobisConfig:
+    """The residual vector's distance from normal: its covariance from the learning residuals,
+    each clipped at 5 scales (a few outliers do not inflate it) and shrunk a tenth towards the
+    diagonal (a short learning period's estimate stays invertible)."""
+    s = np.array([scale.scale for scale in scales])
+    rows = residuals[~np.isnan(residuals).any(axis=1)] / s
+    channels = s.shape[0]
+    if rows.shape[0] > channels + 2:
+        clipped = np.clip(rows, -5, 5)
+        correlation = np.atleast_2d(np.cov(clipped, rowvar=False))
+        diagonal = np.diag(np.diag(correlation))
+        shrunk = 0.9 * correlation + 0.1 * diagonal + 1e-6 * np.eye(channels)
+    else:
+        shrunk = np.eye(channels)
+    covariance = shrunk * np.outer(s, s)
+    precision = np.linalg.inv(shrunk)
+    distances = np.einsum("ij,jk,ik->i", rows, precision, rows) if rows.size else np.empty(0)
+    prior = float(stats.chi2.isf(rate, channels))
+    observed = float(distances.max()) if distances.size else 0.0
+    tail = _tail(distances, rate, 2.0)
+    threshold = max(prior, _finite_or(tail, 0.0), observed)
+    return MahalanobisConfig(threshold=threshold, covariance=covariance.tolist())
+
+
+def _missing(missing: np.ndarray, share: float, readings_per_day: float) -> MissingConfig:
+    """k of the last 10 readings null, k the smallest that the learning readings' null rate
+    (with one pseudo-null, so a clean period does not make a single null alarming) keeps within
+    the detector's share of the budget."""
+    nulls, total = float(np.nansum(missing)), float((~np.isnan(missing)).sum())
+    rate = (nulls + 1) / (total + 2)
+    k = 1
+    while (
+        k < MISSING_WINDOW
+        and stats.binom.sf(k - 1, MISSING_WINDOW, rate) * (readings_per_day / MISSING_WINDOW)
+        > share
+    ):
+        k += 1
+    return MissingConfig(alarm=AlarmPolicy(k=k, n=MISSING_WINDOW, m=QUIET_TO_CLOSE))
+
+
+def _finite_or(x: float, default: float) -> float:
+    return x if math.isfinite(x) else default
