@@ -25,6 +25,7 @@ from app.forecasting.training import use_one_thread
 from app.logs import RequestIdMiddleware
 from app.metrics import Metrics
 from app.registry import (
+    AUTO,
     ArtifactLoader,
     ModelRegistry,
     default_loader,
@@ -37,6 +38,7 @@ from app.storage import migrations
 from app.storage.db import Database
 from app.storage.repositories import model_entries
 from app.storage.repositories import streams as stream_repo
+from app.streams.learning import Learner
 from app.streams.live import LiveStreams
 
 log = logging.getLogger(__name__)
@@ -47,8 +49,20 @@ class LifespanState(TypedDict):
 
 
 def register_models(database: Database, registry: ModelRegistry) -> None:
-    """Record what was loaded, so alarms and audits can name the exact model version."""
+    """Record what was loaded, so alarms and audits can name the exact model version; and the
+    model "auto" of streams that learn their own."""
     with database.session() as session:
+        model_entries.upsert(
+            session,
+            name=AUTO,
+            version="1",
+            kind="learned",
+            manifest_sha256="",
+            config={"kind": "learned", "description": "each stream learns its own model"},
+            metrics={},
+            thresholds={},
+            loaded_at=datetime.now(UTC),
+        )
         for model in registry:
             model_entries.upsert(
                 session,
@@ -74,11 +88,13 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         database.ping()
         started_at = datetime.now(UTC)
         registry = load_models(model_directories(settings), loaded_at=started_at, loader=loader)
-        if settings.default_model not in registry:
+        if settings.default_model not in registry and settings.default_model != AUTO:
             log.warning("default model %r is not loaded", settings.default_model)
         register_models(database, registry)
         metrics.set_models(registry)
         streams = LiveStreams(database, registry, checkpoint_every=settings.checkpoint_every)
+        learner = Learner(streams, on_adopted=lambda stream_id: _track(streams, metrics, stream_id))
+        streams.on_learning_due = learner.submit
         resume_streams(database, streams, metrics)
     except BaseException:
         database.dispose()
@@ -89,8 +105,19 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         registry=registry,
         metrics=metrics,
         streams=streams,
+        learner=learner,
         started_at=started_at,
     )
+
+
+def _track(streams: LiveStreams, metrics: Metrics, stream_id: str) -> None:
+    """A stream's metric series for its (new) detectors."""
+    with streams.database.session() as session:
+        stream = stream_repo.get(session, stream_id)
+        if stream is None:
+            return
+        monitor = streams.read(session, stream).recurrence.monitor
+        metrics.track_stream(stream_id, monitor.kinds, monitor.thresholds)
 
 
 def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -> None:
@@ -131,7 +158,9 @@ def create_app(
             yield {"twinwatch": state}
         finally:
             try:
-                # A clean stop leaves nothing to replay at the next start.
+                # A clean stop leaves nothing to replay at the next start (a fit in progress
+                # is finished; one queued is done again at the next start).
+                await anyio.to_thread.run_sync(state.learner.shutdown)
                 await anyio.to_thread.run_sync(state.streams.checkpoint_all)
             except Exception:
                 log.exception("checkpointing the streams at shutdown failed")

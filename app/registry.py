@@ -27,6 +27,9 @@ log = logging.getLogger(__name__)
 SHIPPED_MODELS_DIR = Path(__file__).resolve().parent / "shipped_models"
 """The trained models that travel inside the package (their provenance is in its README)."""
 
+AUTO = "auto"
+"""The model of a stream that learns its own from its first readings (`app/learning`)."""
+
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
 

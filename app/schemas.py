@@ -122,8 +122,35 @@ class DetectorOverride(_Body):
     """Per-stream changes to a detector's calibrated configuration."""
 
     enabled: bool = True
-    threshold: FiniteFloat | None = Field(None, description="Replaces the calibrated threshold.")
+    threshold: FiniteFloat | None = Field(
+        None,
+        description="Replaces the calibrated threshold. A learning stream's statistics are "
+        "multiples of its learned thresholds: 1.5 alarms at one and a half times them.",
+    )
     policy: AlarmPolicy | None = Field(None, description="k-of-n to open, m quiet to close.")
+
+
+class LearningConfig(_Body):
+    """How long a stream of model "auto" learns before it monitors: a number of readings or a
+    duration (whichever is given; neither: 1,000 readings)."""
+
+    readings: int | None = Field(
+        None, ge=100, le=10_000_000, description="Learn from this many first readings."
+    )
+    duration_s: PositiveSeconds | None = Field(
+        None, description="Learn from the readings of this many seconds (at least 100)."
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> LearningConfig:
+        if self.readings is not None and self.duration_s is not None:
+            raise ValueError("give readings or duration_s, not both")
+        return self
+
+    def as_json(self) -> dict[str, Any]:
+        if self.duration_s is not None:
+            return {"duration_s": self.duration_s}
+        return {"readings": self.readings if self.readings is not None else 1000}
 
 
 class StreamConfig(_Body):
@@ -133,17 +160,25 @@ class StreamConfig(_Body):
         json_schema_extra={
             "examples": [
                 {
+                    "model": "auto",
+                    "channels": ["flow", "pressure"],
+                    "learning": {"readings": 1000},
+                    "false_alarms_per_day": 1,
+                },
+                {
                     "model": "lstm-stateful-day-seed3",
                     "sample_period_s": 0.1,
                     "has_reference": True,
                     "detectors": {"point": {"threshold": 0.6}, "cusum": {"enabled": False}},
-                }
+                },
             ]
         }
     )
 
     model: ModelName | None = Field(
-        None, description="A loaded model's name; the server's default model when omitted."
+        None,
+        description='A loaded model\'s name, or "auto": the stream learns its own model and '
+        "thresholds from its first readings. The server's default model when omitted.",
     )
     channels: (
         Annotated[
@@ -155,9 +190,24 @@ class StreamConfig(_Body):
     ) = Field(
         None,
         description="Channel 0 is the one forecast; as many channels as the model takes. "
-        "Defaults to the model's own channel names.",
+        'Defaults to the model\'s own channel names ("value" for a learning stream, which '
+        "forecasts every channel).",
     )
-    sample_period_s: PositiveSeconds = Field(0.1, description="Nominal time between readings.")
+    learning: LearningConfig | None = Field(
+        None, description='Model "auto" only: how long the stream learns (1,000 readings).'
+    )
+    false_alarms_per_day: float = Field(
+        1.0,
+        gt=0,
+        le=10_000,
+        allow_inf_nan=False,
+        description='Model "auto" only: the false alarms a day its thresholds allow.',
+    )
+    sample_period_s: PositiveSeconds | None = Field(
+        None,
+        description="Nominal time between readings: 0.1 s for a named model when omitted; a "
+        "learning stream infers it (the median step of its learning readings).",
+    )
     has_reference: bool = Field(
         False, description="Readings carry a redundant healthy sensor's value as `reference`."
     )
@@ -215,12 +265,49 @@ class StreamLive(BaseModel):
     detectors: dict[str, DetectorLive]
 
 
+class LearningOut(BaseModel):
+    readings: int | None = Field(description="Learning readings asked for.")
+    duration_s: float | None = Field(description="Learning seconds asked for.")
+    fitting: bool = Field(description="The learning readings are in: the model is being fitted.")
+    error: str | None = Field(
+        description="Why the last fit failed (the stream keeps learning; a PUT retries)."
+    )
+
+
+class ChannelModelOut(BaseModel):
+    kind: str = Field(
+        description="level, naive, seasonal-naive, ar (autoregression) or ar-differenced "
+        "(autoregression of the changes)."
+    )
+    period: int | None = Field(description="The seasonal period in readings, if it uses one.")
+    validation_rmse: float | None = Field(
+        description="Its one-step error on the held-out last quarter of the learning readings."
+    )
+    naive_rmse: float | None = Field(description="The naive forecast's error there (last value).")
+    residual_scale: float = Field(description="The typical size of its residuals.")
+
+
+class LearnedModelOut(BaseModel):
+    learned_from: int = Field(description="Readings it learned from; monitoring starts after.")
+    fitted_at: datetime
+    sample_period_s: float
+    seasons: list[int] = Field(description="Seasonal periods found (readings).")
+    channels: dict[str, ChannelModelOut]
+
+
 class StreamOut(BaseModel):
     id: str
     model: str
     channels: list[str]
-    sample_period_s: float
+    sample_period_s: float | None = Field(
+        description="Null while a learning stream has not inferred it yet."
+    )
     has_reference: bool
+    phase: Literal["learning", "monitoring"] = "monitoring"
+    learning_remaining: int = Field(0, description="Readings still to learn from.")
+    learning: LearningOut | None = None
+    false_alarms_per_day: float | None = Field(None, description="A learning stream's budget.")
+    learned_model: LearnedModelOut | None = None
     detectors: dict[str, DetectorOverride]
     created_at: datetime
     updated_at: datetime

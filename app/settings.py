@@ -35,8 +35,9 @@ class Settings(BaseSettings):
         True, description="Serve the models shipped with twinwatch (app/shipped_models/)."
     )
     default_model: str = Field(
-        "lstm-stateful-day-seed3",
-        description="Model of streams that name none (app/shipped_models/README.md).",
+        "auto",
+        description='Model of streams that name none: "auto" (each learns its own from its '
+        "first readings) or a loaded model's name (app/shipped_models/README.md).",
     )
     api_token: SecretStr | None = Field(
         None, description="When set, write endpoints require `Authorization: Bearer <token>`."

@@ -18,6 +18,7 @@ from app.metrics import Metrics
 from app.registry import ModelRegistry
 from app.settings import Settings
 from app.storage.db import Database
+from app.streams.learning import Learner
 from app.streams.live import LiveStreams
 
 
@@ -30,6 +31,7 @@ class AppState:
     registry: ModelRegistry
     metrics: Metrics
     streams: LiveStreams
+    learner: Learner
     started_at: datetime
 
 

@@ -6,6 +6,7 @@ from fastapi import APIRouter, Response
 
 from app.api.deps import StateDep
 from app.errors import AppError
+from app.registry import AUTO
 from app.schemas import Health, Ready, problem_responses
 from app.storage.db import DatabaseError
 
@@ -42,7 +43,7 @@ def readyz(state: StateDep) -> Ready:
         checks["database"] = exc.detail
         failing.append(f"database: {exc.detail}")
     default = state.settings.default_model
-    if default in state.registry:
+    if default in state.registry or default == AUTO:
         checks["models"] = f"{len(state.registry)} loaded"
     else:
         reason = state.registry.errors.get(default, "no such artifact directory")

@@ -15,9 +15,14 @@ from sqlalchemy.orm import Session
 
 from app.api.deps import AppState, SessionDep, StateDep, WriteAccess, utcnow
 from app.errors import AppError, ConflictError, DataError
+from app.registry import AUTO
 from app.schemas import (
     STREAM_ID_PATTERN,
+    ChannelModelOut,
     DetectorLive,
+    LearnedModelOut,
+    LearningConfig,
+    LearningOut,
     StreamConfig,
     StreamList,
     StreamLive,
@@ -26,6 +31,7 @@ from app.schemas import (
 )
 from app.storage.models import Alarm, Stream
 from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 
@@ -72,19 +78,33 @@ def put_stream(
 
     The model, the channels and `has_reference` shape the stream's state and stored readings:
     once it has accepted readings they cannot change (409); delete and re-create it instead.
-    Detector overrides and the sample period can change at any time.
+    Detector overrides and the sample period can change at any time; so can a learning stream's
+    learning period and budget until it has learned (a change restarts a fit in progress).
     """
     model_name = config.model or state.settings.default_model
-    model = state.registry.require(model_name)
-    channels = list(config.channels) if config.channels is not None else model.channels
-    n_channels = model.forecaster.n_channels
-    if len(channels) != n_channels:
-        raise DataError(
-            f"model {model_name!r} takes {n_channels} channel(s), the stream names {len(channels)}",
-            model=model_name,
-        )
     overrides = _detector_overrides(config)
-    recurrence = state.streams.recurrence_for(model, overrides)  # refuses an unusable monitor
+    learning = None
+    if model_name == AUTO:
+        channels = list(config.channels) if config.channels is not None else ["value"]
+        learning = (config.learning or LearningConfig()).as_json()
+        kinds: tuple[str, ...] = ()
+        thresholds: dict[str, float] = {}
+        period = config.sample_period_s
+    else:
+        if config.learning is not None:
+            raise DataError(f"'learning' is for model {AUTO!r} streams; {model_name!r} is trained")
+        model = state.registry.require(model_name)
+        channels = list(config.channels) if config.channels is not None else model.channels
+        n_channels = model.forecaster.n_channels
+        if len(channels) != n_channels:
+            raise DataError(
+                f"model {model_name!r} takes {n_channels} channel(s), the stream names "
+                f"{len(channels)}",
+                model=model_name,
+            )
+        recurrence = state.streams.recurrence_for(model, overrides)  # refuses an unusable one
+        kinds, thresholds = tuple(recurrence.monitor.kinds), recurrence.monitor.thresholds
+        period = config.sample_period_s if config.sample_period_s is not None else 0.1
     now = utcnow()
     stream = stream_repo.get(session, stream_id, for_update=True)
     if stream is None:
@@ -93,10 +113,12 @@ def put_stream(
             stream_id=stream_id,
             model_name=model_name,
             channels=channels,
-            sample_period_s=config.sample_period_s,
+            sample_period_s=period,
             has_reference=config.has_reference,
             detector_overrides=overrides,
             now=now,
+            learning=learning,
+            false_alarms_per_day=config.false_alarms_per_day,
         )
         response.status_code = status.HTTP_201_CREATED
     else:
@@ -112,19 +134,31 @@ def put_stream(
                 stream=stream_id,
             )
         state.streams.reconfigure(session, stream_id)
+        if learning is not None:
+            failed = learned_repo.get(session, stream_id)
+            if failed is not None and failed.model is None:
+                learned_repo.delete(session, stream_id)  # a failed fit: try again
         stream = stream_repo.update(
             session,
             stream,
             model_name=model_name,
             channels=channels,
-            sample_period_s=config.sample_period_s,
+            sample_period_s=period,
             has_reference=config.has_reference,
             detector_overrides=overrides,
             now=now,
+            learning=learning,
+            false_alarms_per_day=config.false_alarms_per_day,
         )
-    monitor = recurrence.monitor
-    state.metrics.track_stream(stream_id, monitor.kinds, monitor.thresholds)
-    return _described(state, session, stream)
+    described = _described(state, session, stream)
+    if described.live is not None:
+        kinds = tuple(described.live.detectors)
+        thresholds = {k: d.threshold for k, d in described.live.detectors.items()}
+    state.metrics.track_stream(stream_id, kinds, thresholds)
+    if model_name == AUTO:  # a shorter learning period may be over already
+        live = state.streams.read(session, stream)
+        state.streams.on_end(session, commit=lambda: state.streams.learn_if_due(live))
+    return described
 
 
 def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
@@ -135,6 +169,39 @@ def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
     except AppError:
         return StreamOut.of(stream, open_alarms=open_alarms)
     recurrence, stream_state = live.recurrence, live.state
+    phase: dict[str, Any] = {}
+    if stream.model_name == AUTO:
+        phase["false_alarms_per_day"] = stream.false_alarms_per_day
+    if live.learning is not None:
+        plan = live.learning.plan
+        phase.update(
+            phase="learning",
+            learning_remaining=plan.remaining(
+                stream_state.samples, live.learning.first_time, stream_state.last_time
+            ),
+            learning=LearningOut(
+                readings=plan.readings,
+                duration_s=plan.duration_s,
+                fitting=live.learning.end is not None and live.learning.error is None,
+                error=live.learning.error,
+            ),
+        )
+    elif live.learned is not None:
+        learned = live.learned
+        row = learned_repo.get(session, stream.id)
+        phase.update(
+            sample_period_s=learned.sample_period_s,
+            learned_model=LearnedModelOut(
+                learned_from=learned.readings,
+                fitted_at=row.fitted_at if row is not None else utcnow(),
+                sample_period_s=learned.sample_period_s,
+                seasons=learned.seasons,
+                channels={
+                    name: ChannelModelOut.model_validate(summary)
+                    for name, summary in learned.summary(list(stream.channels)).items()
+                },
+            ),
+        )
     forecasts, residuals, statistics = recurrence.latest(stream_state)
     active = {event.detector for event in recurrence.monitor.open_events(stream_state.monitor)}
     last = stream_state.last_time
@@ -153,7 +220,7 @@ def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
             },
         ),
         position=(stream_state.samples, None if last is None else reading_repo.datetime_at(last)),
-    )
+    ).model_copy(update=phase)
 
 
 @router.get("", response_model=StreamList, summary="All streams", operation_id="listStreams")

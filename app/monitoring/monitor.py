@@ -421,6 +421,12 @@ class Monitor:
 
     # -- state --
 
+    def quiet(self, state: MonitorState) -> None:
+        """Forget every rule's exceedances and open events, keeping what the detectors
+        remember: the readings seen so far are normal by decree (a learning period)."""
+        state.rules = [RuleState() for _ in self.rules]
+        state.busy = False
+
     def open_events(self, state: MonitorState) -> list[AlarmEvent]:
         """Events still open, with their peak so far."""
         if not state.busy:  # every rule idle: nothing open

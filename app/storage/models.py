@@ -79,9 +79,14 @@ class Stream(Base):
         String(NAME_LENGTH), ForeignKey("models.name", ondelete="RESTRICT"), index=True
     )
     channels: Mapped[list[str]]
-    sample_period_s: Mapped[float]
+    # None: a learning stream's period, inferred from its readings when the learning ends.
+    sample_period_s: Mapped[float | None]
     has_reference: Mapped[bool] = mapped_column(Boolean())
     detector_overrides: Mapped[dict[str, Any]]
+    # A stream of model "auto": how long it learns ({"readings": n} or {"duration_s": s}) and
+    # its false-alarm budget.
+    learning: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    false_alarms_per_day: Mapped[float] = mapped_column(Double(), default=1.0)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     # Time of the last accepted reading and how many readings were accepted, both advanced in
@@ -89,7 +94,10 @@ class Stream(Base):
     last_t: Mapped[datetime | None]
     sample_count: Mapped[int] = mapped_column(BigInteger(), default=0)
 
-    __table_args__ = (CheckConstraint("sample_period_s > 0", name="sample_period_positive"),)
+    __table_args__ = (
+        CheckConstraint("sample_period_s > 0", name="sample_period_positive"),
+        CheckConstraint("false_alarms_per_day > 0", name="false_alarms_per_day_positive"),
+    )
 
 
 class Alarm(Base):
@@ -134,6 +142,22 @@ class Alarm(Base):
             postgresql_where=text("state = 'open'"),
         ),
     )
+
+
+class LearnedModel(Base):
+    """What a learning stream learned: its model and detectors (`app.learning.learn`), from its
+    first `learned_from` readings; monitoring starts at that sample. `error` instead of `model`
+    when the readings could not teach a model."""
+
+    __tablename__ = "learned_models"
+
+    stream_id: Mapped[str] = mapped_column(
+        String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE"), primary_key=True
+    )
+    learned_from: Mapped[int] = mapped_column(BigInteger())
+    fitted_at: Mapped[datetime]
+    model: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    error: Mapped[str | None] = mapped_column(String(1000))
 
 
 class StreamCheckpoint(Base):

@@ -100,8 +100,15 @@ def ingest(
 
     streams.on_end(session, rollback=drop_touched)
     results = _advance(parts, new)
+    learned_enough = _learning(parts, results, new)
     outcomes, left_open = _store(session, streams, parts, results, new)
-    streams.on_end(session, commit=lambda: _committed(streams, metrics, parts, outcomes, left_open))
+
+    def committed() -> None:
+        _committed(streams, metrics, parts, outcomes, left_open)
+        for live in learned_enough:
+            streams.learn_if_due(live)
+
+    streams.on_end(session, commit=committed)
     return outcomes
 
 
@@ -270,6 +277,27 @@ def _advance(parts: list[_Part], new: NewReadings) -> list[StreamResult | None]:
     return results
 
 
+def _learning(
+    parts: list[_Part], results: list[StreamResult | None], new: NewReadings
+) -> list[LiveStream]:
+    """Learning streams: which have all their learning readings with this request, and only
+    the events of their learning period kept (the learned model decides about the rest)."""
+    ended = []
+    for part, result in zip(parts, results, strict=True):
+        learning = part.live.learning
+        if learning is None or result is None:
+            continue
+        times = new.times[part.first + part.resent : part.stop]
+        if learning.observe(result.first_sample, times):
+            ended.append(part.live)
+        if learning.end is not None:
+            result.opened = [e for e in result.opened if learning.events_kept(e.start)]
+            result.closed = [
+                e for e in result.closed if learning.events_kept(e.cleared_at or e.start)
+            ]
+    return ended
+
+
 def _whole(parts: list[_Part], new: NewReadings) -> Readings:
     """The request's readings as they came, when every stream is in the block and nothing is
     re-sent (a gateway's tick, a stream's batch): no copy."""
@@ -343,6 +371,8 @@ def _store(
             live = part.live
             open_events = live.recurrence.monitor.open_events(live.state.monitor)
             peaks = {event.detector: event.peak for event in open_events}
+            if live.learning is not None and live.learning.end is not None:
+                peaks = live.open_peaks  # past the learning period: left for the learned model
             if result.opened or result.closed or peaks != live.open_peaks:
                 opened, closed = alarm_repo.apply(
                     session,
@@ -351,8 +381,8 @@ def _store(
                     closed=result.closed,
                     peaks=peaks,
                     time_of=_times(session, live, result, times),
-                    model_name=live.model.name,
-                    model_version=live.model.version,
+                    model_name=live.model_name,
+                    model_version=live.model_version,
                 )
             if live.state.samples >= live.checkpoint_due:
                 streams.checkpoint(session, live, force=True)

@@ -13,8 +13,10 @@ back, the streams it moved are dropped from memory and restored from what was co
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import math
 import threading
 import zlib
 from collections.abc import Callable, Sequence
@@ -26,15 +28,19 @@ import numpy as np
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
-from app.errors import ArtifactError, DataError
-from app.monitoring.alarms import AlarmPolicy
+from app.errors import ArtifactError, ConflictError, DataError
+from app.learning.learn import LearnedModel
+from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import MonitorConfig
-from app.registry import ModelRegistry, RegisteredModel
+from app.registry import AUTO, ModelRegistry, RegisteredModel
 from app.storage.db import Database
 from app.storage.models import Stream
+from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
+from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
+from app.streams.learning import Learning, LearningPlan, learning_recurrence
 from app.streams.recurrence import (
     DEFAULT_MAX_GAP,
     STATE_VERSION,
@@ -55,7 +61,12 @@ def monitor_config(model: RegisteredModel, overrides: dict[str, Any]) -> Monitor
         raise ArtifactError(
             f"model {model.name!r} has no detector thresholds: run `twinwatch calibrate` on it"
         )
-    base = MonitorConfig.from_manifest(model.manifest)
+    return with_overrides(MonitorConfig.from_manifest(model.manifest), overrides)
+
+
+def with_overrides(base: MonitorConfig, overrides: dict[str, Any]) -> MonitorConfig:
+    """Detectors with a stream's overrides applied (switched off, another threshold or alarm
+    policy)."""
     detectors = []
     for detector in base.detectors:
         override = overrides.get(detector.kind, {})
@@ -77,16 +88,23 @@ class LiveStream:
     """A stream as it is held between requests."""
 
     stream_id: str
-    model: RegisteredModel
+    model_name: str
+    model_version: str  # what its alarm rows name (a learned model: when it was fitted)
     channels: list[str]
     has_reference: bool
-    sample_period_s: float
+    sample_period_s: float  # infinite while learning (no gap restarts a model-less stream)
     recurrence: Recurrence
     state: StreamState
     checkpoint_due: int  # write the next checkpoint once the stream has seen this many readings
     # The peak of each alarm open after the last request, as its row holds it: a request that
     # moves none touches no alarm row.
     open_peaks: dict[str, float] = field(default_factory=dict)
+    learning: Learning | None = None  # a stream of model "auto" that has not learned yet
+    learned: LearnedModel | None = None  # what a stream of model "auto" learned
+
+    @property
+    def phase(self) -> str:
+        return "learning" if self.learning is not None else "monitoring"
 
 
 @dataclass
@@ -118,6 +136,8 @@ class LiveStreams:
         self._slots: dict[str, _Slot] = {}
         self._guard = threading.Lock()
         self._recurrences: dict[tuple[str, str, str], Recurrence] = {}
+        # Called (after the commit) when a learning stream has all its learning readings.
+        self.on_learning_due: Callable[[str], object] | None = None
 
     def recurrence_for(self, model: RegisteredModel, overrides: dict[str, Any]) -> Recurrence:
         """One recurrence per model and detector overrides, shared by every stream configured
@@ -157,7 +177,7 @@ class LiveStreams:
             slot = pending.held[stream_id]
             live = slot.live or pending.restored.get(stream_id)
             if live is None:
-                live = pending.restored[stream_id] = self._restore(session, stream_id)
+                live = pending.restored[stream_id] = self._restore(session, stream_id)[0]
             lives.append(live)
         return lives
 
@@ -187,11 +207,14 @@ class LiveStreams:
                     known[stream_id] = self._slots.setdefault(stream_id, _Slot())
         return known
 
-    def _restore(self, session: Session, stream_id: str) -> LiveStream:
-        """The stream's state from its checkpoint and the readings stored after it."""
+    def _restore(
+        self, session: Session, stream_id: str, *, events_from: int | None = None
+    ) -> tuple[LiveStream, Replayed]:
+        """The stream's state from its checkpoint and the readings stored after it, and the
+        events its replay raised from sample `events_from` on (none without it)."""
         stream = stream_repo.require(session, stream_id)
-        model = self.registry.require(stream.model_name)
-        recurrence = self.recurrence_for(model, stream.detector_overrides)
+        kind = self._kind(session, stream)
+        recurrence, period = kind.recurrence, kind.sample_period_s
         checkpoint = checkpoint_repo.get(session, stream.id)
         if checkpoint is None:
             state = recurrence.new_state()
@@ -208,6 +231,7 @@ class LiveStreams:
                 state = recurrence.restore(saved, last_time, fresh_monitor=True)
             due = state.samples + self.checkpoint_every
         stored = reading_repo.batches_from(session, stream_id=stream.id, first_sample=state.samples)
+        replayed = Replayed()
         if stored:
             expected = state.samples
             for batch in stored:
@@ -227,17 +251,54 @@ class LiveStreams:
                 np.concatenate([batch.values for batch in stored]),
                 references,
             )
-            recurrence.advance([state], readings, [stream.sample_period_s])
-        return LiveStream(
+            replayed = _replay(recurrence, state, readings, period, kind.quiet_until, events_from)
+        live = LiveStream(
             stream_id=stream.id,
-            model=model,
+            model_name=stream.model_name,
+            model_version=kind.version,
             channels=list(stream.channels),
             has_reference=stream.has_reference,
-            sample_period_s=stream.sample_period_s,
+            sample_period_s=period,
             recurrence=recurrence,
             state=state,
             checkpoint_due=due,
             open_peaks={e.detector: e.peak for e in recurrence.monitor.open_events(state.monitor)},
+            learning=kind.learning,
+            learned=kind.learned,
+        )
+        if kind.learning is not None:
+            times = reading_repo.all_times(session, stream_id=stream.id)
+            kind.learning.first_time = int(times[0]) if times.size else None
+            kind.learning.end = kind.learning.plan.end(times)
+        return live, replayed
+
+    def _kind(self, session: Session, stream: Stream) -> _Kind:
+        """What processes the stream: its named model, its learned one, or (still learning)
+        the learning recurrence."""
+        if stream.model_name != AUTO:
+            model = self.registry.require(stream.model_name)
+            period = stream.sample_period_s if stream.sample_period_s is not None else 0.1
+            recurrence = self.recurrence_for(model, stream.detector_overrides)
+            return _Kind(recurrence, period, model.version)
+        row = learned_repo.get(session, stream.id)
+        if row is None or row.model is None:
+            learning = Learning(
+                LearningPlan.of(stream.learning),
+                first_time=None,
+                error=None if row is None else row.error,
+            )
+            recurrence = learning_recurrence(len(stream.channels))
+            return _Kind(recurrence, math.inf, "learning", learning=learning)
+        learned = LearnedModel.from_json(row.model)
+        monitor = with_overrides(learned.monitor, stream.detector_overrides)
+        recurrence = Recurrence(learned.forecaster, monitor, max_gap=self.max_gap)
+        version = f"learned-{row.fitted_at:%Y%m%dT%H%M%SZ}"
+        return _Kind(
+            recurrence,
+            learned.sample_period_s,
+            version,
+            learned=learned,
+            quiet_until=row.learned_from,
         )
 
     # -- what changes a stream --
@@ -269,6 +330,72 @@ class LiveStreams:
         pending = _pending(session)
         pending.restored.pop(stream_id, None)
         pending.held[stream_id].live = None
+
+    def adopt(
+        self,
+        stream_id: str,
+        learned: LearnedModel | None,
+        *,
+        error: str | None,
+        end: int,
+        generation: datetime,
+    ) -> bool:
+        """Switch a learning stream to what it learned from its first `end` readings, in one
+        transaction: the model is stored, every reading is replayed through it (the learning
+        readings silently, the later ones raising their alarms, which are stored), the learning
+        phase's open alarms close where learning ended, and a checkpoint is written. With no
+        model (`error`), the stream keeps learning and says why. False if the stream was
+        reconfigured, deleted or has learned meanwhile."""
+        with self.database.session() as session:
+            stream = stream_repo.get(session, stream_id, for_update=True)
+            if stream is None or stream.model_name != AUTO or stream.updated_at != generation:
+                return False
+            existing = learned_repo.get(session, stream_id)
+            if existing is not None and existing.model is not None:
+                return False
+            self.hold(session, [stream_id])  # no request moves it meanwhile
+            learned_repo.save(
+                session,
+                stream_id=stream_id,
+                learned_from=end,
+                fitted_at=datetime.now(UTC),
+                model=None if learned is None else learned.to_json(),
+                error=error,
+            )
+            pending = _pending(session)
+            pending.restored.pop(stream_id, None)
+            pending.held[stream_id].live = None
+            if learned is None:
+                return True  # restored (still learning, with its error) on its next touch
+
+            def time_of(sample: int) -> datetime:
+                stored = reading_repo.time_of(session, stream_id=stream_id, sample=sample)
+                if stored is None:  # no reading after the learning period yet
+                    stored = reading_repo.time_of(session, stream_id=stream_id, sample=sample - 1)
+                if stored is None:
+                    raise ConflictError(f"stream {stream_id!r} has no reading {sample}")
+                return stored
+
+            for row in alarm_repo.list_open(session, stream_id=stream_id):
+                alarm_repo.close(session, row, closed_at=time_of(end), closed_sample=end)
+            checkpoint_repo.delete(session, stream_id)
+            live, replayed = self._restore(session, stream_id, events_from=end)
+            open_events = live.recurrence.monitor.open_events(live.state.monitor)
+            alarm_repo.apply(
+                session,
+                stream_id=stream_id,
+                opened=replayed.opened,
+                closed=replayed.closed,
+                peaks={event.detector: event.peak for event in open_events},
+                time_of=time_of,
+                model_name=live.model_name,
+                model_version=live.model_version,
+            )
+            if live.state.samples:
+                self.checkpoint(session, live, force=True)
+            live.checkpoint_due = live.state.samples + self.checkpoint_every
+            pending.restored[stream_id] = live
+        return True
 
     def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
         """Write the stream's state (and its row's reading count), unless `force` is False and
@@ -316,10 +443,21 @@ class LiveStreams:
         for stream_id in ids:
             try:
                 with self.database.session() as session:
-                    self.hold(session, [stream_id])
+                    live = self.hold(session, [stream_id])[0]
             except (DataError, ArtifactError) as exc:
                 problems.append((stream_id, exc.detail))
+                continue
+            self.learn_if_due(live)
         return problems
+
+    def learn_if_due(self, live: LiveStream) -> None:
+        """Ask for the stream's fit if it has all its learning readings (and no failed fit of
+        them: that one waits for a reconfiguration)."""
+        learning = live.learning
+        if learning is None or learning.end is None or learning.error is not None:
+            return
+        if self.on_learning_due is not None:
+            self.on_learning_due(live.stream_id)
 
     # -- reads --
 
@@ -344,6 +482,57 @@ class LiveStreams:
     def live_streams(self) -> list[LiveStream]:
         with self._guard:
             return [slot.live for slot in self._slots.values() if slot.live is not None]
+
+
+@dataclass
+class _Kind:
+    """What processes a stream (see `LiveStreams._kind`)."""
+
+    recurrence: Recurrence
+    sample_period_s: float
+    version: str
+    learning: Learning | None = None
+    learned: LearnedModel | None = None
+    quiet_until: int | None = None  # a learned stream's learning readings: no alarm before
+
+
+@dataclass
+class Replayed:
+    """The events a replay raised (from the sample it was asked for)."""
+
+    opened: list[AlarmEvent] = field(default_factory=list)
+    closed: list[AlarmEvent] = field(default_factory=list)
+
+
+def _replay(
+    recurrence: Recurrence,
+    state: StreamState,
+    readings: Readings,
+    period: float,
+    quiet_until: int | None,
+    events_from: int | None,
+) -> Replayed:
+    """Advance one stream by its stored readings. Readings before `quiet_until` (a learned
+    stream's learning period) raise nothing: its rules are reset after them."""
+    replayed = Replayed()
+    total = int(readings.counts[0])
+    cuts = [0, total]
+    if quiet_until is not None and state.samples < quiet_until < state.samples + total:
+        cuts = [0, quiet_until - state.samples, total]
+    for start, stop in itertools.pairwise(cuts):
+        part = Readings(
+            np.array([stop - start]),
+            readings.times[start:stop],
+            readings.values[start:stop],
+            None if readings.references is None else readings.references[start:stop],
+        )
+        result = recurrence.advance([state], part, [period]).stream(0)
+        if quiet_until is not None and state.samples <= quiet_until:
+            recurrence.monitor.quiet(state.monitor)
+        elif events_from is not None:
+            replayed.opened += [e for e in result.opened if e.start >= events_from]
+            replayed.closed += [e for e in result.closed if (e.cleared_at or 0) >= events_from]
+    return replayed
 
 
 def _references(batch: reading_repo.StoredBatch) -> np.ndarray:

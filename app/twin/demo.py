@@ -34,13 +34,15 @@ from app.logs import configure_logging
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.evaluation import DETECTION_MARGIN, RECOVERY, MonitoredRecord
 from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
-from app.registry import model_directories
+from app.registry import AUTO, model_directories
 from app.settings import Settings
 from app.simulation.faults import LAB_FAULTS, Fault
 from app.twin.client import Batch, Retry, ServiceClient, TwinReport, run_twin, stop_on_signals
 from app.twin.schedule import FloatArray, Scenario, Timeline, build_scenario
 
 DEMO_STREAM = "demo-pump"
+TWIN_MODEL = "lstm-stateful-day-seed3"
+"""The shipped model trained on the twin (app/shipped_models/README.md)."""
 DEMO_START = 6800  # 30 s of normal operation before the spike at 7100
 DEMO_SAMPLES = 1200  # to 8000: the lab run, all four faults and their recovery
 DEMO_SPEED = 3.0  # 120 s of machine time in 40 s
@@ -387,13 +389,14 @@ def run_demo(
             f"(models from {', '.join(map(str, model_directories(settings)))}) ...",
             highlight=False,
         )
+        # The demo shows the twin's own trained model unless a deployment names another.
+        model = TWIN_MODEL if settings.default_model == AUTO else settings.default_model
         with serve_in_thread(settings) as url, ServiceClient(url) as client:
-            config = _thresholds(client, settings.default_model)
+            config = _thresholds(client, model)
             recorder = Recorder(scenario, config.thresholds())
             sample_of: dict[datetime, int] = {}
             title = (
-                f"twinwatch demo: stream {DEMO_STREAM}, model {settings.default_model}, "
-                f"{url}, {speed:g}x real time"
+                f"twinwatch demo: stream {DEMO_STREAM}, model {model}, {url}, {speed:g}x real time"
             )
             console.print(
                 f"the twin sends samples {scenario.start}..{scenario.stop - 1} "
@@ -429,6 +432,7 @@ def run_demo(
                     DEMO_STREAM,
                     scenario,
                     timeline,
+                    model=model,
                     stop=stop,
                     abort=abort,
                     retry=Retry(attempts=3),

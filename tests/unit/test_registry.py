@@ -90,7 +90,10 @@ def test_the_shipped_models_come_first_and_the_configured_directory_after(
     assert model_directories(both) == [SHIPPED_MODELS_DIR, tmp_path]
     assert model_directories(Settings(models_dir=tmp_path, shipped_models=False)) == [tmp_path]
     shipped = {path.name for path in SHIPPED_MODELS_DIR.iterdir() if path.is_dir()}
-    assert Settings().default_model in shipped
+    assert Settings().default_model == "auto"  # streams learn their own unless told otherwise
+    from app.twin.demo import TWIN_MODEL
+
+    assert TWIN_MODEL in shipped
     assert {"lstm-seed0", "lstm-day-seed3", "lstm-stateful-day-seed3"} <= shipped
 
 

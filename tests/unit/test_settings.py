@@ -23,7 +23,7 @@ def test_defaults() -> None:
     settings = Settings()
     assert settings.database_url == "sqlite:///data/twinwatch.db"
     assert settings.models_dir is None and settings.shipped_models is True
-    assert settings.default_model == "lstm-stateful-day-seed3"
+    assert settings.default_model == "auto"
     assert settings.api_token is None
     assert settings.max_batch == 10_000
     assert settings.max_body_bytes == 8 * 1024 * 1024

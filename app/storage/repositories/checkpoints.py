@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from sqlalchemy import bindparam, update
+from sqlalchemy import delete as sql_delete
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
@@ -60,3 +61,11 @@ def save(
         return
     session.add(StreamCheckpoint(stream_id=stream_id, **values))
     session.flush()
+
+
+def delete(session: Session, stream_id: str) -> None:
+    """Drop the stream's checkpoint: it is restored from its first reading next time."""
+    session.execute(
+        sql_delete(StreamCheckpoint).where(StreamCheckpoint.stream_id == stream_id),
+        execution_options={"synchronize_session": "fetch"},
+    )

@@ -313,3 +313,16 @@ def count(session: Session, *, stream_id: str) -> int:
     """How many readings the stream has accepted."""
     statement = select(func.sum(ReadingBatch.count)).where(ReadingBatch.stream_id == stream_id)
     return int(session.scalar(statement) or 0)
+
+
+def all_times(session: Session, *, stream_id: str) -> np.ndarray:
+    """Every accepted reading's time (microseconds), oldest first."""
+    statement = (
+        select(ReadingBatch.times)
+        .where(ReadingBatch.stream_id == stream_id)
+        .order_by(ReadingBatch.first_sample)
+    )
+    parts = [
+        np.frombuffer(blob, dtype=_TIMES).astype(np.int64) for blob in session.scalars(statement)
+    ]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)

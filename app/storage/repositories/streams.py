@@ -67,10 +67,12 @@ def create(
     stream_id: str,
     model_name: str,
     channels: list[str],
-    sample_period_s: float,
+    sample_period_s: float | None,
     has_reference: bool,
     detector_overrides: dict[str, Any],
     now: datetime,
+    learning: dict[str, Any] | None = None,
+    false_alarms_per_day: float = 1.0,
 ) -> Stream:
     stream = Stream(
         id=stream_id,
@@ -79,6 +81,8 @@ def create(
         sample_period_s=sample_period_s,
         has_reference=has_reference,
         detector_overrides=dict(detector_overrides),
+        learning=None if learning is None else dict(learning),
+        false_alarms_per_day=false_alarms_per_day,
         created_at=now,
         updated_at=now,
         last_t=None,
@@ -103,16 +107,20 @@ def update(
     *,
     model_name: str,
     channels: list[str],
-    sample_period_s: float,
+    sample_period_s: float | None,
     has_reference: bool,
     detector_overrides: dict[str, Any],
     now: datetime,
+    learning: dict[str, Any] | None = None,
+    false_alarms_per_day: float = 1.0,
 ) -> Stream:
     stream.model_name = model_name
     stream.channels = list(channels)
     stream.sample_period_s = sample_period_s
     stream.has_reference = has_reference
     stream.detector_overrides = dict(detector_overrides)
+    stream.learning = None if learning is None else dict(learning)
+    stream.false_alarms_per_day = false_alarms_per_day
     stream.updated_at = now
     session.flush()
     return stream

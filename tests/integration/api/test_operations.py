@@ -51,7 +51,8 @@ def test_models_lists_what_loaded(client: TestClient) -> None:
 def test_loaded_models_are_recorded_in_the_database(client: TestClient, database: Database) -> None:
     with database.session() as session:
         entries = {entry.name: entry for entry in model_entries.list_all(session)}
-    assert set(entries) == {"lstm-seed0", "naive-2ch"}
+    assert set(entries) == {"auto", "lstm-seed0", "naive-2ch"}  # auto: streams that learn
+    assert entries["auto"].kind == "learned"
     assert entries["lstm-seed0"].thresholds == LAB_LIKE_THRESHOLDS
     assert entries["naive-2ch"].config["n_channels"] == 2
     assert entries["naive-2ch"].version == "v2"

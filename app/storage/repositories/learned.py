@@ -1,0 +1,45 @@
+"""What learning streams learned (`learned_models`), one row per stream."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import delete as sql_delete
+from sqlalchemy.orm import Session
+
+from app.storage.models import LearnedModel
+
+
+def get(session: Session, stream_id: str) -> LearnedModel | None:
+    return session.get(LearnedModel, stream_id)
+
+
+def save(
+    session: Session,
+    *,
+    stream_id: str,
+    learned_from: int,
+    fitted_at: datetime,
+    model: dict[str, Any] | None,
+    error: str | None = None,
+) -> LearnedModel:
+    """Record the stream's learned model (or why there is none), replacing an earlier one."""
+    row = session.get(LearnedModel, stream_id)
+    if row is None:
+        row = LearnedModel(stream_id=stream_id)
+        session.add(row)
+    row.learned_from = learned_from
+    row.fitted_at = fitted_at
+    row.model = model
+    row.error = None if error is None else error[:1000]
+    session.flush()
+    return row
+
+
+def delete(session: Session, stream_id: str) -> None:
+    """Forget what the stream learned: it learns again."""
+    session.execute(
+        sql_delete(LearnedModel).where(LearnedModel.stream_id == stream_id),
+        execution_options={"synchronize_session": "fetch"},
+    )

@@ -1,0 +1,239 @@
+"""A learning stream: the phase before its model exists, and the job that fits it.
+
+A stream of model "auto" starts learning: its readings are stored and acknowledged, and only
+data-quality detectors watch them (a missing-readings rule; there is no forecast yet). Once it
+has its learning readings (`{"readings": n}`, or `{"duration_s": s}` of them and at least
+`MIN_READINGS`), `Learner` fits its model in a background thread, off every request
+(`app.learning.learn`). Readings that arrive meanwhile are stored as usual; once the model is
+there, `LiveStreams.adopt` runs every stored reading through the learned recurrence, in order:
+the learning readings silently (they are what normal looks like), the later ones raising their
+alarms. None is lost or skipped, and a restart in the middle simply fits again.
+
+The learning phase keeps its alarms only for readings before the end of the learning period:
+from there on the learned model's monitor decides.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from app.errors import AppError, DataError
+from app.forecasting.lagged import ChannelFit, LaggedLinear
+from app.learning.learn import MIN_READINGS, LearnedModel, learn
+from app.monitoring.alarms import AlarmPolicy
+from app.monitoring.monitor import MissingConfig, MonitorConfig
+from app.storage.repositories import readings as reading_repo
+from app.storage.repositories import streams as stream_repo
+from app.streams.recurrence import DEFAULT_MAX_GAP, Recurrence
+
+if TYPE_CHECKING:
+    from app.streams.live import LiveStreams
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LEARNING_READINGS = 1000
+LEARNING_MISSING = AlarmPolicy(k=3, n=10, m=10)
+"""While learning: 3 of the last 10 readings missing (the learned model re-estimates it)."""
+
+
+@dataclass(frozen=True)
+class LearningPlan:
+    """How long a stream learns: `readings` readings, or the readings of `duration_s` seconds
+    (and at least MIN_READINGS)."""
+
+    readings: int | None = None
+    duration_s: float | None = None
+
+    @classmethod
+    def of(cls, raw: Mapping[str, Any] | None) -> LearningPlan:
+        if not raw:
+            return cls(readings=DEFAULT_LEARNING_READINGS)
+        readings, duration = raw.get("readings"), raw.get("duration_s")
+        return cls(
+            readings=None if readings is None else int(readings),
+            duration_s=None if duration is None else float(duration),
+        )
+
+    def end(self, times: np.ndarray) -> int | None:
+        """Where learning ends among a stream's reading times so far (all of them, from its
+        first): the number of learning readings, or None if they are not all there yet."""
+        if self.readings is not None:
+            return self.readings if times.shape[0] >= self.readings else None
+        assert self.duration_s is not None
+        if not times.shape[0]:
+            return None
+        until = int(times[0]) + round(self.duration_s * 1e6)
+        if times[-1] < until:
+            return None
+        end = int(np.searchsorted(times, until, side="left"))
+        if end >= MIN_READINGS:
+            return end
+        return MIN_READINGS if times.shape[0] >= MIN_READINGS else None
+
+    def remaining(self, samples: int, first_time: int | None, last_time: int | None) -> int:
+        """Readings still to come before learning ends (for a duration: an estimate from the
+        readings' rate so far; at least what MIN_READINGS still asks)."""
+        if self.readings is not None:
+            return max(0, self.readings - samples)
+        assert self.duration_s is not None
+        floor = max(0, MIN_READINGS - samples)
+        if first_time is None or last_time is None or samples < 2 or last_time <= first_time:
+            return max(floor, 1)
+        rate = (samples - 1) / ((last_time - first_time) / 1e6)
+        left = self.duration_s - (last_time - first_time) / 1e6
+        return max(floor, math.ceil(left * rate) if left > 0 else 0)
+
+
+_RECURRENCES: dict[int, Recurrence] = {}
+_GUARD = threading.Lock()
+
+
+def learning_recurrence(channels: int) -> Recurrence:
+    """The recurrence of a stream that is still learning: no forecast (NaN), the missing-
+    readings rule only. Shared by every learning stream of `channels` channels."""
+    with _GUARD:
+        recurrence = _RECURRENCES.get(channels)
+        if recurrence is None:
+            nothing = ChannelFit("level", (), (), math.nan, 0.0, math.nan, math.nan)
+            recurrence = _RECURRENCES[channels] = Recurrence(
+                LaggedLinear([nothing] * channels),
+                MonitorConfig(channels=channels, detectors=[MissingConfig(alarm=LEARNING_MISSING)]),
+                max_gap=DEFAULT_MAX_GAP,
+            )
+        return recurrence
+
+
+@dataclass
+class Learning:
+    """A learning stream's progress, as `LiveStream.learning` holds it."""
+
+    plan: LearningPlan
+    first_time: int | None  # its first reading's time (microseconds), None before it has one
+    end: int | None = None  # the learning readings' count, once they are all there
+    error: str | None = None  # why the last fit failed
+
+    def observe(self, first_sample: int, times: np.ndarray) -> bool:
+        """Take a batch of new readings (the stream's samples from `first_sample`, their times):
+        True if the learning period ends with it."""
+        if self.end is not None or not times.shape[0]:
+            return False
+        if self.first_time is None:
+            self.first_time = int(times[0])
+        seen = first_sample + times.shape[0]
+        plan = self.plan
+        if plan.readings is not None:
+            if seen >= plan.readings:
+                self.end = plan.readings
+        else:
+            assert plan.duration_s is not None
+            until = self.first_time + round(plan.duration_s * 1e6)
+            if times[-1] >= until:
+                before = first_sample + int(np.searchsorted(times, until, side="left"))
+                if seen >= MIN_READINGS:
+                    self.end = max(before, MIN_READINGS)
+        return self.end is not None
+
+    def events_kept(self, sample: int) -> bool:
+        """Whether the learning phase's monitor decides about an event at `sample`."""
+        return self.end is None or sample < self.end
+
+
+class Learner:
+    """Fits learning streams in one background thread, each at most once at a time."""
+
+    def __init__(
+        self, streams: LiveStreams, *, on_adopted: Callable[[str], None] | None = None
+    ) -> None:
+        self.streams = streams
+        self.on_adopted = on_adopted
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinwatch-learn")
+        self._queued: set[str] = set()
+        self._guard = threading.Lock()
+
+    def submit(self, stream_id: str) -> Future[None] | None:
+        """Fit the stream soon (nothing if it is queued already)."""
+        with self._guard:
+            if stream_id in self._queued:
+                return None
+            self._queued.add(stream_id)
+        try:
+            return self._executor.submit(self._run, stream_id)
+        except RuntimeError:  # shutting down: the next start fits it
+            with self._guard:
+                self._queued.discard(stream_id)
+            return None
+
+    def busy(self, stream_id: str) -> bool:
+        with self._guard:
+            return stream_id in self._queued
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def _run(self, stream_id: str) -> None:
+        try:
+            self.fit(stream_id)
+        except Exception:
+            log.exception("learning stream %s failed", stream_id)
+        finally:
+            with self._guard:
+                self._queued.discard(stream_id)
+
+    def fit(self, stream_id: str) -> bool:
+        """Learn the stream from its stored learning readings and switch it to monitoring.
+        Returns whether it now monitors."""
+        with self.streams.database.session() as session:
+            stream = stream_repo.get(session, stream_id)
+            if stream is None:
+                return False
+            generation = stream.updated_at
+            plan = LearningPlan.of(stream.learning)
+            batches = reading_repo.batches_from(session, stream_id=stream_id)
+            period, budget = stream.sample_period_s, stream.false_alarms_per_day
+        times = np.concatenate([b.micros for b in batches]) if batches else np.empty(0, np.int64)
+        end = plan.end(times)
+        if end is None:
+            return False
+        values = np.concatenate([b.values for b in batches])[:end]
+        learned: LearnedModel | None = None
+        error = None
+        try:
+            learned = learn(
+                times[:end], values, sample_period_s=period, false_alarms_per_day=budget
+            )
+        except DataError as exc:
+            error = exc.detail
+        except (ValueError, np.linalg.LinAlgError) as exc:
+            error = f"the learning readings could not be fitted: {exc}"
+        try:
+            adopted = self.streams.adopt(
+                stream_id, learned, error=error, end=end, generation=generation
+            )
+        except AppError as exc:
+            log.warning("stream %s: its learned model was not adopted: %s", stream_id, exc)
+            return False
+        if adopted and learned is not None:
+            log.info(
+                "stream %s learned from %d readings: %s",
+                stream_id,
+                end,
+                ", ".join(fit.kind for fit in learned.fits),
+            )
+            if self.on_adopted is not None:
+                self.on_adopted(stream_id)
+        elif adopted:
+            log.warning("stream %s could not learn: %s", stream_id, error)
+        return adopted and learned is not None
+
+
+def now() -> datetime:
+    return datetime.now(UTC)

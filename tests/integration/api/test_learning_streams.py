@@ -1,0 +1,187 @@
+"""Streams of model "auto": they learn from their first readings, off the request path, and
+monitor every reading in order once they have learned, none lost or skipped."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+import app.streams.learning as learning_module
+from tests.integration.conftest import AppFactory
+
+START = 1_700_000_000.0
+
+
+def readings(values: np.ndarray, first: int, *, channels: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [
+        {
+            "t": START + first + i,
+            "values": {
+                name: None if np.isnan(v) else float(v)
+                for name, v in zip(channels, row, strict=True)
+            },
+        }
+        for i, row in enumerate(values)
+    ]
+
+
+def normal(count: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    flow = 30 + rng.normal(0, 0.5, count)
+    temperature = 60 + np.cumsum(rng.normal(0, 0.05, count))
+    return np.column_stack([flow, temperature])
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+CHANNELS = ("flow", "temperature")
+
+
+@pytest.fixture
+def auto_client(make_client: AppFactory) -> TestClient:
+    return make_client(default_model="auto")
+
+
+def test_a_stream_learns_while_readings_keep_coming_and_monitors_each_of_them(
+    auto_client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = auto_client
+    put = client.put(
+        "/v1/streams/pump", json={"channels": list(CHANNELS), "learning": {"readings": 300}}
+    )
+    assert put.status_code == 201, put.text
+    body = put.json()
+    assert (body["model"], body["phase"], body["learning_remaining"]) == ("auto", "learning", 300)
+    assert body["sample_period_s"] is None
+
+    # Hold the fit until the test says so: readings arrive while it runs.
+    release, started = threading.Event(), threading.Event()
+    real_learn = learning_module.learn
+
+    def slow_learn(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        assert release.wait(30)
+        return real_learn(*args, **kwargs)
+
+    monkeypatch.setattr(learning_module, "learn", slow_learn)
+
+    data = normal(600)
+    data[420:470, 0] -= 5.0  # the flow drops while the model is being fitted
+    posted = 0
+    for size in (250, 40, 10):
+        answer = client.post(
+            "/v1/streams/pump/readings",
+            json={"readings": readings(data[posted : posted + size], posted, channels=CHANNELS)},
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["opened"] == []
+        posted += size
+    assert started.wait(10)
+    during = client.get("/v1/streams/pump").json()
+    assert during["phase"] == "learning" and during["learning"]["fitting"] is True
+    assert during["learning_remaining"] == 0
+    while posted < 500:  # throughout the fit
+        answer = client.post(
+            "/v1/streams/pump/readings",
+            json={"readings": readings(data[posted : posted + 25], posted, channels=CHANNELS)},
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["opened"] == []  # not monitored yet: queued behind the fit
+        posted += 25
+    release.set()
+    wait_for(lambda: client.get("/v1/streams/pump").json()["phase"] == "monitoring")
+
+    stream = client.get("/v1/streams/pump").json()
+    assert stream["samples_seen"] == 500
+    assert stream["sample_period_s"] == pytest.approx(1.0)
+    learned = stream["learned_model"]
+    assert learned["learned_from"] == 300
+    assert set(learned["channels"]) == set(CHANNELS)
+    assert learned["channels"]["flow"]["kind"] in {"level", "ar"}
+    assert learned["channels"]["temperature"]["kind"] in {"naive", "ar-differenced"}
+    for summary in learned["channels"].values():
+        assert summary["validation_rmse"] > 0 and summary["naive_rmse"] > 0
+
+    # The drop that arrived during the fit was monitored once the model was there.
+    alarms = client.get("/v1/alarms", params={"stream": "pump"}).json()["items"]
+    assert alarms, "the flow drop raised no alarm"
+    assert min(a["opened_sample"] for a in alarms) >= 420
+    assert all(a["model"] == "auto" and a["model_version"].startswith("learned-") for a in alarms)
+
+    # And monitoring goes on with the next readings.
+    answer = client.post(
+        "/v1/streams/pump/readings",
+        json={"readings": readings(data[500:600], 500, channels=CHANNELS)},
+    )
+    assert answer.status_code == 200
+    results = answer.json()["results"]
+    assert all(r["forecast"] is not None for r in results)
+    assert client.get("/v1/streams/pump").json()["samples_seen"] == 600
+
+
+def test_a_stream_learns_for_a_duration(auto_client: TestClient) -> None:
+    client = auto_client
+    client.put("/v1/streams/d", json={"learning": {"duration_s": 150}})
+    values = 5 + np.random.default_rng(1).normal(0, 1, 400)
+    body = [{"t": START + 0.5 * i, "value": float(v)} for i, v in enumerate(values)]
+    assert client.post("/v1/streams/d/readings", json={"readings": body}).status_code == 200
+    wait_for(lambda: client.get("/v1/streams/d").json()["phase"] == "monitoring")
+    stream = client.get("/v1/streams/d").json()
+    assert stream["learned_model"]["learned_from"] == 300  # 150 s of readings every 0.5 s
+    assert stream["sample_period_s"] == pytest.approx(0.5)
+
+
+def test_a_stream_that_cannot_learn_says_why_and_a_put_tries_again(
+    auto_client: TestClient,
+) -> None:
+    client = auto_client
+    client.put("/v1/streams/s", json={"channels": ["a", "b"], "learning": {"readings": 100}})
+    rows = [{"t": START + i, "values": {"a": float(i % 7), "b": None}} for i in range(120)]
+    assert client.post("/v1/streams/s/readings", json={"readings": rows}).status_code == 200
+    wait_for(lambda: client.get("/v1/streams/s").json()["learning"]["error"] is not None)
+    stream = client.get("/v1/streams/s").json()
+    assert stream["phase"] == "learning"
+    assert "channel 1 has no number" in stream["learning"]["error"]
+    # Reconfigured (one channel would not pass: the channels of a stream with readings are
+    # fixed), the stream tries again, and fails the same way: it still says why.
+    again = client.put(
+        "/v1/streams/s", json={"channels": ["a", "b"], "learning": {"readings": 110}}
+    )
+    assert again.status_code == 200
+    wait_for(lambda: client.get("/v1/streams/s").json()["learning"]["error"] is not None)
+
+
+def test_learning_is_for_auto_streams_only_and_checked(auto_client: TestClient) -> None:
+    client = auto_client
+    named = client.put("/v1/streams/n", json={"model": "lstm-seed0", "learning": {"readings": 500}})
+    assert named.status_code == 422
+    assert "learning" in named.json()["detail"]
+    short = client.put("/v1/streams/n", json={"learning": {"readings": 10}})
+    assert short.status_code == 422
+    both = client.put("/v1/streams/n", json={"learning": {"readings": 500, "duration_s": 60}})
+    assert both.status_code == 422
+    budget = client.put("/v1/streams/n", json={"false_alarms_per_day": 0})
+    assert budget.status_code == 422
+
+
+def test_a_restart_during_the_fit_fits_again(make_client: AppFactory) -> None:
+    first = make_client(default_model="auto")
+    first.put("/v1/streams/r", json={"learning": {"readings": 100}})
+    values = 5 + np.random.default_rng(2).normal(0, 1, 150)
+    body = [{"t": START + i, "value": float(v)} for i, v in enumerate(values)]
+    assert first.post("/v1/streams/r/readings", json={"readings": body}).status_code == 200
+    first.__exit__(None, None, None)  # stops (a fit in progress is finished or done again)
+    second = make_client(default_model="auto")
+    wait_for(lambda: second.get("/v1/streams/r").json()["phase"] == "monitoring")
+    assert second.get("/v1/streams/r").json()["samples_seen"] == 150
