@@ -14,7 +14,16 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from app.cli import evaluate_forecast, model, monitoring, service, simulate, train, twin
+from app.cli import (
+    benchmark,
+    evaluate_forecast,
+    model,
+    monitoring,
+    service,
+    simulate,
+    train,
+    twin,
+)
 from app.errors import AppError
 
 __all__ = ["build_cli", "cli", "main"]
@@ -36,10 +45,12 @@ def build_cli() -> typer.Typer:
 
     evaluate = _group(
         "evaluate",
-        "Score forecasters (walk-forward errors) and detectors (on known faults).",
+        "Score forecasters (walk-forward errors), detectors (on known faults) and the whole "
+        "service on labelled data sets.",
     )
     evaluate.command("forecast")(evaluate_forecast.evaluate_forecast_command)
     evaluate.command("monitor")(monitoring.evaluate_monitor_command)
+    evaluate.command("benchmark")(benchmark.evaluate_benchmark_command)
     root.add_typer(evaluate)
 
     db = _group("db", "Migrate or inspect the database schema (TWINWATCH_DATABASE_URL).")

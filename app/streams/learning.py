@@ -15,13 +15,13 @@ from there on the learned model's monitor decides.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -29,11 +29,11 @@ import numpy as np
 from app.errors import AppError, DataError
 from app.forecasting.lagged import ChannelFit, LaggedLinear
 from app.learning.learn import MIN_READINGS, LearnedModel, learn
-from app.monitoring.alarms import AlarmPolicy
+from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import MissingConfig, MonitorConfig
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
-from app.streams.recurrence import DEFAULT_MAX_GAP, Recurrence
+from app.streams.recurrence import DEFAULT_MAX_GAP, Readings, Recurrence, StreamState
 
 if TYPE_CHECKING:
     from app.streams.live import LiveStreams
@@ -235,5 +235,43 @@ class Learner:
         return adopted and learned is not None
 
 
-def now() -> datetime:
-    return datetime.now(UTC)
+@dataclass
+class Replayed:
+    """The events a replay raised (from the sample it was asked for)."""
+
+    opened: list[AlarmEvent] = field(default_factory=list)
+    closed: list[AlarmEvent] = field(default_factory=list)
+
+
+def replay(
+    recurrence: Recurrence,
+    state: StreamState,
+    readings: Readings,
+    period: float,
+    *,
+    quiet_until: int | None = None,
+    events_from: int | None = None,
+) -> Replayed:
+    """Advance one stream by its readings (one stream's, in order). Readings before sample
+    `quiet_until` (a learned stream's learning period) raise nothing: its rules are reset after
+    them. Returns the events raised from sample `events_from` on (none without it). Pure: the
+    restore after a restart, the switch to a learned model and the benchmark all run it."""
+    replayed = Replayed()
+    total = int(readings.counts[0])
+    cuts = [0, total]
+    if quiet_until is not None and state.samples < quiet_until < state.samples + total:
+        cuts = [0, quiet_until - state.samples, total]
+    for start, stop in itertools.pairwise(cuts):
+        part = Readings(
+            np.array([stop - start]),
+            readings.times[start:stop],
+            readings.values[start:stop],
+            None if readings.references is None else readings.references[start:stop],
+        )
+        result = recurrence.advance([state], part, [period]).stream(0)
+        if quiet_until is not None and state.samples <= quiet_until:
+            recurrence.monitor.quiet(state.monitor)
+        elif events_from is not None:
+            replayed.opened += [e for e in result.opened if e.start >= events_from]
+            replayed.closed += [e for e in result.closed if (e.cleared_at or 0) >= events_from]
+    return replayed

@@ -13,7 +13,6 @@ back, the streams it moved are dropped from memory and restored from what was co
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -30,7 +29,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from app.errors import ArtifactError, ConflictError, DataError
 from app.learning.learn import LearnedModel
-from app.monitoring.alarms import AlarmEvent, AlarmPolicy
+from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.monitor import MonitorConfig
 from app.registry import AUTO, ModelRegistry, RegisteredModel
 from app.storage.db import Database
@@ -40,7 +39,7 @@ from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
-from app.streams.learning import Learning, LearningPlan, learning_recurrence
+from app.streams.learning import Learning, LearningPlan, Replayed, learning_recurrence, replay
 from app.streams.recurrence import (
     DEFAULT_MAX_GAP,
     STATE_VERSION,
@@ -251,7 +250,14 @@ class LiveStreams:
                 np.concatenate([batch.values for batch in stored]),
                 references,
             )
-            replayed = _replay(recurrence, state, readings, period, kind.quiet_until, events_from)
+            replayed = replay(
+                recurrence,
+                state,
+                readings,
+                period,
+                quiet_until=kind.quiet_until,
+                events_from=events_from,
+            )
         live = LiveStream(
             stream_id=stream.id,
             model_name=stream.model_name,
@@ -494,45 +500,6 @@ class _Kind:
     learning: Learning | None = None
     learned: LearnedModel | None = None
     quiet_until: int | None = None  # a learned stream's learning readings: no alarm before
-
-
-@dataclass
-class Replayed:
-    """The events a replay raised (from the sample it was asked for)."""
-
-    opened: list[AlarmEvent] = field(default_factory=list)
-    closed: list[AlarmEvent] = field(default_factory=list)
-
-
-def _replay(
-    recurrence: Recurrence,
-    state: StreamState,
-    readings: Readings,
-    period: float,
-    quiet_until: int | None,
-    events_from: int | None,
-) -> Replayed:
-    """Advance one stream by its stored readings. Readings before `quiet_until` (a learned
-    stream's learning period) raise nothing: its rules are reset after them."""
-    replayed = Replayed()
-    total = int(readings.counts[0])
-    cuts = [0, total]
-    if quiet_until is not None and state.samples < quiet_until < state.samples + total:
-        cuts = [0, quiet_until - state.samples, total]
-    for start, stop in itertools.pairwise(cuts):
-        part = Readings(
-            np.array([stop - start]),
-            readings.times[start:stop],
-            readings.values[start:stop],
-            None if readings.references is None else readings.references[start:stop],
-        )
-        result = recurrence.advance([state], part, [period]).stream(0)
-        if quiet_until is not None and state.samples <= quiet_until:
-            recurrence.monitor.quiet(state.monitor)
-        elif events_from is not None:
-            replayed.opened += [e for e in result.opened if e.start >= events_from]
-            replayed.closed += [e for e in result.closed if (e.cleared_at or 0) >= events_from]
-    return replayed
 
 
 def _references(batch: reading_repo.StoredBatch) -> np.ndarray:

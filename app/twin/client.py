@@ -133,6 +133,21 @@ class ServiceClient:
         items: list[dict[str, Any]] = self._call("GET", "/v1/models").json()["items"]
         return items
 
+    def delete_stream(self, stream_id: str) -> None:
+        self._call("DELETE", f"/v1/streams/{stream_id}")
+
+    def alarms(self, stream_id: str) -> list[dict[str, Any]]:
+        """Every alarm of the stream, page after page."""
+        items: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            query = f"?stream={stream_id}&limit=1000" + (f"&cursor={cursor}" if cursor else "")
+            page = self._call("GET", f"/v1/alarms{query}").json()
+            items += page["items"]
+            cursor = page.get("next_cursor")
+            if not cursor:
+                return items
+
 
 @dataclass(frozen=True)
 class Retry:

@@ -1,0 +1,1 @@
+"""Scoring twinwatch on labelled data sets (`twinwatch evaluate benchmark`)."""

@@ -1,0 +1,135 @@
+"""Labelled data sets for `twinwatch evaluate benchmark`: CSV files with a time column, sensor
+columns and a 0/1 `anomaly` column (and optionally `changepoint`), such as SKAB's.
+
+A path is one CSV file or a directory searched for them (in natural order: 2.csv before 10.csv).
+The separator (`,` or `;`) is detected; the time column is the first one, as a date and time
+(ISO 8601, no zone: UTC) or as seconds since the epoch; every other column but the labels is a
+sensor channel, empty or NaN for a missing number.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from app.errors import DataError
+
+LABELS = ("anomaly", "changepoint")
+
+
+class UnlabelledError(DataError):
+    """A CSV without an `anomaly` column: not part of the scored set."""
+
+
+@dataclass(frozen=True)
+class LabelledFile:
+    name: str  # its path relative to the data set's root
+    times: np.ndarray  # (R,) int64 microseconds since the epoch
+    values: np.ndarray  # (R, C) float64, NaN for a missing number
+    channels: list[str]
+    anomaly: np.ndarray  # (R,) bool
+    changepoint: np.ndarray | None  # (R,) bool, if the file has them
+
+    @property
+    def rows(self) -> int:
+        return int(self.times.shape[0])
+
+
+def _natural(path: Path) -> list[object]:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", str(path))]
+
+
+def find_files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    if not root.is_dir():
+        raise DataError(f"{root} is neither a CSV file nor a directory")
+    files = sorted(root.rglob("*.csv"), key=_natural)
+    if not files:
+        raise DataError(f"{root} holds no CSV file")
+    return files
+
+
+def _time(text: str) -> int:
+    text = text.strip()
+    try:
+        return round(float(text) * 1e6)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise DataError(f"time {text!r} is neither seconds nor an ISO 8601 date") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return round(moment.timestamp() * 1e6)
+
+
+def _number(text: str) -> float:
+    text = text.strip()
+    if not text:
+        return math.nan
+    return float(text)
+
+
+def load_file(path: Path, root: Path) -> LabelledFile:
+    name = str(path.relative_to(root)) if root.is_dir() else path.name
+    with path.open(newline="") as handle:
+        sample = handle.read(4096)
+        handle.seek(0)
+        delimiter = ";" if sample.count(";") > sample.count(",") else ","
+        rows = list(csv.reader(handle, delimiter=delimiter))
+    if len(rows) < 2:
+        raise DataError(f"{name}: no rows")
+    header = [column.strip() for column in rows[0]]
+    if "anomaly" not in header:
+        raise UnlabelledError(f"{name}: no 'anomaly' column (0/1 labels) among {header}")
+    channels = [c for c in header[1:] if c not in LABELS]
+    if not channels:
+        raise DataError(f"{name}: no sensor column")
+    index = {column: position for position, column in enumerate(header)}
+    try:
+        times = np.array([_time(row[0]) for row in rows[1:]], dtype=np.int64)
+        values = np.array(
+            [[_number(row[index[c]]) for c in channels] for row in rows[1:]], dtype=np.float64
+        )
+        anomaly = np.array([_number(row[index["anomaly"]]) == 1 for row in rows[1:]])
+        changepoint = (
+            np.array([_number(row[index["changepoint"]]) == 1 for row in rows[1:]])
+            if "changepoint" in index
+            else None
+        )
+    except (ValueError, IndexError) as exc:
+        raise DataError(f"{name}: a row does not parse ({exc})") from None
+    if np.isinf(values).any():
+        raise DataError(f"{name}: infinite numbers")
+    if (np.diff(times) <= 0).any():
+        raise DataError(f"{name}: times must increase")
+    return LabelledFile(name, times, values, channels, anomaly, changepoint)
+
+
+def load(root: Path) -> list[LabelledFile]:
+    return [load_file(path, root) for path in find_files(root)]
+
+
+def learning_rows(spec: str, rows: int) -> int:
+    """`--learn`: a number of rows ("400") or a share of each file ("15%")."""
+    text = spec.strip()
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1]) / 100
+            if not 0 < share < 1:
+                raise ValueError
+            return max(1, math.floor(rows * share))
+        count = int(text)
+    except ValueError:
+        raise DataError(f"--learn takes a number of rows or a percentage, got {spec!r}") from None
+    if count < 1:
+        raise DataError("--learn must be at least one row")
+    return count

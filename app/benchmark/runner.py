@@ -1,0 +1,151 @@
+"""One labelled file through twinwatch as a user would run it: the stream learns from the file's
+normal prefix only, then every row is monitored in order.
+
+In-process (`run_in_process`), the code is the service's own: `app.learning.learn` for the fit and
+`app.streams.learning.replay` (the recurrence, with the learning readings silent) for the rows,
+as `LiveStreams.adopt` runs them. Over HTTP (`run_over_http`), a stream of model "auto" is created
+on a running service, every row is posted, and its alarms are read back.
+
+Either way the result is the alarm state of every row: alarmed from the reading that opened an
+alarm up to the one that closed it, what an operator watching the service would have seen.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from app.benchmark.datasets import LabelledFile
+from app.errors import AppError, DataError
+from app.learning.learn import LearnedModel, learn
+from app.monitoring.alarms import AlarmEvent
+from app.streams.learning import replay
+from app.streams.recurrence import Readings
+from app.twin.client import ServiceClient
+
+POST_BATCH = 1000
+
+
+@dataclass
+class FileRun:
+    alarmed: np.ndarray  # (rows,) bool
+    events: list[dict[str, Any]] = field(default_factory=list)
+    models: dict[str, str] = field(default_factory=dict)  # channel -> model kind
+    sample_period_s: float = math.nan
+    error: str | None = None
+
+
+def _span(alarmed: np.ndarray, start: int, stop: int | None) -> None:
+    alarmed[start : alarmed.shape[0] if stop is None else stop] = True
+
+
+def run_in_process(
+    labelled: LabelledFile, learn_rows: int, *, false_alarms_per_day: float = 1.0
+) -> FileRun:
+    rows = labelled.rows
+    alarmed = np.zeros(rows, dtype=bool)
+    try:
+        learned: LearnedModel = learn(
+            labelled.times[:learn_rows],
+            labelled.values[:learn_rows],
+            false_alarms_per_day=false_alarms_per_day,
+        )
+    except DataError as exc:
+        return FileRun(alarmed, error=exc.detail)
+    recurrence = learned.recurrence()
+    state = recurrence.new_state()
+    replayed = replay(
+        recurrence,
+        state,
+        Readings.of_one(labelled.times, labelled.values),
+        learned.sample_period_s,
+        quiet_until=learn_rows,
+        events_from=learn_rows,
+    )
+    events: list[AlarmEvent] = replayed.closed + recurrence.monitor.open_events(state.monitor)
+    for event in events:
+        _span(alarmed, event.start, event.cleared_at)
+    return FileRun(
+        alarmed,
+        events=[
+            {"detector": e.detector, "opened": e.start, "closed": e.cleared_at, "peak": e.peak}
+            for e in sorted(events, key=lambda e: e.start)
+        ],
+        models=dict(zip(labelled.channels, (fit.kind for fit in learned.fits), strict=True)),
+        sample_period_s=learned.sample_period_s,
+    )
+
+
+def _body(labelled: LabelledFile, start: int, stop: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "t": int(t) / 1e6,
+            "values": {
+                name: None if math.isnan(v) else float(v)
+                for name, v in zip(labelled.channels, row.tolist(), strict=True)
+            },
+        }
+        for t, row in zip(labelled.times[start:stop], labelled.values[start:stop], strict=True)
+    ]
+
+
+def run_over_http(
+    client: ServiceClient,
+    labelled: LabelledFile,
+    learn_rows: int,
+    *,
+    false_alarms_per_day: float = 1.0,
+    keep: bool = False,
+    timeout_s: float = 600.0,
+) -> FileRun:
+    stream_id = f"benchmark-{uuid.uuid4().hex[:12]}"
+    client.put_stream(
+        stream_id,
+        {
+            "model": "auto",
+            "channels": labelled.channels,
+            "learning": {"readings": learn_rows},
+            "false_alarms_per_day": false_alarms_per_day,
+        },
+    )
+    try:
+        for start in range(0, labelled.rows, POST_BATCH):
+            client.post_readings(stream_id, _body(labelled, start, start + POST_BATCH))
+        deadline = time.monotonic() + timeout_s
+        while True:
+            stream = client.get_stream(stream_id) or {}
+            learning = stream.get("learning") or {}
+            if stream.get("phase") == "monitoring" or learning.get("error"):
+                break
+            if time.monotonic() > deadline:
+                raise AppError(f"{labelled.name}: the stream did not learn in {timeout_s:g} s")
+            time.sleep(0.05)
+        alarmed = np.zeros(labelled.rows, dtype=bool)
+        if learning.get("error"):
+            return FileRun(alarmed, error=learning["error"])
+        alarms = client.alarms(stream_id)
+        for alarm in alarms:
+            _span(alarmed, alarm["opened_sample"], alarm["closed_sample"])
+        learned = stream.get("learned_model") or {}
+        return FileRun(
+            alarmed,
+            events=[
+                {
+                    "detector": a["detector"],
+                    "opened": a["opened_sample"],
+                    "closed": a["closed_sample"],
+                    "peak": a["peak"],
+                }
+                for a in sorted(alarms, key=lambda a: a["opened_sample"])
+            ],
+            models={name: c["kind"] for name, c in learned.get("channels", {}).items()},
+            sample_period_s=float(stream.get("sample_period_s") or math.nan),
+        )
+    finally:
+        if not keep:
+            client.delete_stream(stream_id)
