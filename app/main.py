@@ -17,7 +17,7 @@ import anyio
 from fastapi import FastAPI
 
 from app import __version__
-from app.api import alarms, health, models, readings, streams
+from app.api import alarms, health, incidents, models, readings, streams
 from app.api.deps import AppState
 from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
@@ -36,6 +36,7 @@ from app.schemas import ManyReadingsIn, Problem, ReadingsIn
 from app.settings import Settings
 from app.storage import migrations
 from app.storage.db import Database
+from app.storage.repositories import incidents as incident_repo
 from app.storage.repositories import model_entries
 from app.storage.repositories import streams as stream_repo
 from app.streams.learning import Learner
@@ -118,6 +119,7 @@ def _track(streams: LiveStreams, metrics: Metrics, stream_id: str) -> None:
             return
         monitor = streams.read(session, stream).recurrence.monitor
         metrics.track_stream(stream_id, monitor.kinds, monitor.thresholds)
+        metrics.set_open_incidents(stream_id, incident_repo.open_counts(session).get(stream_id, 0))
 
 
 def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -> None:
@@ -133,6 +135,8 @@ def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -
     with database.session() as session:
         for stream in stream_repo.list_all(session):
             metrics.track_stream(stream.id, detectors=())
+        for stream_id, count in incident_repo.open_counts(session).items():
+            metrics.set_open_incidents(stream_id, count)
 
 
 def create_app(
@@ -177,6 +181,6 @@ def create_app(
     document_schemas(app, [Problem, ReadingsIn, ManyReadingsIn])
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 413 carries it too
-    for module in (health, streams, readings, alarms, models):
+    for module in (health, streams, readings, alarms, incidents, models):
         app.include_router(module.router)
     return app

@@ -50,6 +50,8 @@ class StreamSeries:
     latest: np.ndarray | None = None
     kinds: tuple[str, ...] = ()
     targets: int = 1  # channels forecast: `latest` holds their forecasts, then their residuals
+    incidents: float = 0.0  # incidents opened (re-openings included)
+    open_incidents: float = 0.0
 
     @property
     def residual(self) -> float | None:
@@ -108,6 +110,15 @@ class _StreamCollector(Collector):
         alarms = CounterMetricFamily(
             "twinwatch_alarms", "Alarms opened.", labels=["stream", "detector"]
         )
+        incidents = CounterMetricFamily(
+            "twinwatch_incidents",
+            "Incidents opened (alarms of a stream that overlap or follow closely; a re-opened "
+            "incident counts again).",
+            labels=["stream"],
+        )
+        open_incidents = GaugeMetricFamily(
+            "twinwatch_incidents_open", "Incidents open on the stream.", labels=["stream"]
+        )
         for stream, series in streams:
             readings.add_metric([stream], series.readings)
             for reason, count in list(series.rejected.items()):
@@ -122,7 +133,19 @@ class _StreamCollector(Collector):
                 active.add_metric([stream, detector], 1.0 if is_open else 0.0)
             for detector, count in list(series.alarms.items()):
                 alarms.add_metric([stream, detector], count)
-        yield from (readings, rejected, residual, statistic, threshold, active, alarms)
+            incidents.add_metric([stream], series.incidents)
+            open_incidents.add_metric([stream], series.open_incidents)
+        yield from (
+            readings,
+            rejected,
+            residual,
+            statistic,
+            threshold,
+            active,
+            alarms,
+            incidents,
+            open_incidents,
+        )
 
 
 class Metrics:
@@ -176,6 +199,8 @@ class Metrics:
         active: set[str],
         opened: list[str],
         targets: int = 1,
+        incidents_opened: int = 0,
+        incidents_closed: int = 0,
     ) -> None:
         """What a committed request moved: counts, and the stream's last values (`latest`: the
         forecast of each of `targets` channels, their residuals, then each of `kinds`'
@@ -191,6 +216,14 @@ class Metrics:
                 series.active[detector] = detector in active
         for detector in opened:
             series.alarms[detector] = series.alarms.get(detector, 0.0) + 1
+        series.incidents += incidents_opened
+        series.open_incidents = max(
+            0.0, series.open_incidents + incidents_opened - incidents_closed
+        )
+
+    def set_open_incidents(self, stream_id: str, count: int) -> None:
+        """The stream's open incidents as the database has them (at start-up)."""
+        self.track_stream(stream_id, ()).open_incidents = float(count)
 
     def reject(self, stream_id: str, reason: str, count: int) -> None:
         """Count refused readings of a configured stream (other ids get no series)."""

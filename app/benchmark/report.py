@@ -48,6 +48,12 @@ def benchmark(
         period = run.sample_period_s
         if not np.isfinite(period):
             period = float(np.median(np.diff(labelled.times))) / 1e6
+        total = labelled.rows - rows
+        incidents = [  # the scored rows' incidents (one that began while learning: from row 0)
+            (max(0, start - rows), total if stop is None else stop - rows)
+            for start, stop in run.incidents
+            if stop is None or stop > rows
+        ]
         score = score_file(
             labelled.name,
             labelled.times[scored] / 1e6,
@@ -55,6 +61,7 @@ def benchmark(
             None if labelled.changepoint is None else labelled.changepoint[scored],
             run.alarmed[scored],
             period,
+            incidents,
         )
         scores.append(score)
         per_file.append(_file_report(labelled, rows, run, score))

@@ -24,6 +24,7 @@ from app.benchmark.datasets import LabelledFile
 from app.errors import AppError, DataError
 from app.learning.learn import LearnedModel, learn
 from app.monitoring.alarms import AlarmEvent
+from app.monitoring.incidents import incident_spans
 from app.streams.learning import replay
 from app.streams.recurrence import Readings
 from app.twin.client import ServiceClient
@@ -34,6 +35,7 @@ POST_BATCH = 1000
 @dataclass
 class FileRun:
     alarmed: np.ndarray  # (rows,) bool
+    incidents: list[tuple[int, int | None]] = field(default_factory=list)  # [opened, closed)
     events: list[dict[str, Any]] = field(default_factory=list)
     models: dict[str, str] = field(default_factory=dict)  # channel -> model kind
     sample_period_s: float = math.nan
@@ -72,6 +74,7 @@ def run_in_process(
         _span(alarmed, event.start, event.cleared_at)
     return FileRun(
         alarmed,
+        incidents=incident_spans(events),
         events=[
             {"detector": e.detector, "opened": e.start, "closed": e.cleared_at, "peak": e.peak}
             for e in sorted(events, key=lambda e: e.start)
@@ -131,9 +134,13 @@ def run_over_http(
         alarms = client.alarms(stream_id)
         for alarm in alarms:
             _span(alarmed, alarm["opened_sample"], alarm["closed_sample"])
+        incidents = sorted(
+            (i["opened_sample"], i["closed_sample"]) for i in client.incidents(stream_id)
+        )
         learned = stream.get("learned_model") or {}
         return FileRun(
             alarmed,
+            incidents=incidents,
             events=[
                 {
                     "detector": a["detector"],

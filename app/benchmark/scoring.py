@@ -104,15 +104,18 @@ def score_file(
     changepoint: np.ndarray | None,
     alarmed: np.ndarray,
     period_s: float,
+    incidents: list[tuple[int, int]] | None = None,
 ) -> FileScore:
-    """Score the scored rows of one file (times in seconds)."""
+    """Score the scored rows of one file (times in seconds). `incidents`: [start, stop) rows
+    of the service's incidents (default: each run of alarmed rows)."""
     anomaly = np.asarray(anomaly, dtype=bool)
     alarmed = np.asarray(alarmed, dtype=bool)
     tp = int((anomaly & alarmed).sum())
     fp = int((~anomaly & alarmed).sum())
     fn = int((anomaly & ~alarmed).sum())
     tn = int((~anomaly & ~alarmed).sum())
-    events, incidents = runs(anomaly), runs(alarmed)
+    events = runs(anomaly)
+    incidents = runs(alarmed) if incidents is None else incidents
     delays, per_event, caught = [], [], 0
     for start, stop in events:
         overlapping = [i for i in incidents if i[0] < stop and i[1] > start]
@@ -122,7 +125,7 @@ def score_file(
             first = max(start, overlapping[0][0])
             delays.append(float(times_s[first] - times_s[start]))
     true_incidents = sum(1 for a, b in incidents if anomaly[a:b].any())
-    false_incidents = sum(1 for a, _ in incidents if not anomaly[a])
+    false_incidents = sum(1 for a, _ in incidents if not anomaly[min(a, anomaly.shape[0] - 1)])
     return FileScore(
         name=name,
         rows=int(anomaly.shape[0]),

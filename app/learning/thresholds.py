@@ -47,8 +47,10 @@ SHIFT_WINDOW = 10
 RMS_WINDOW = 50
 FLOOR_WINDOW = 20
 MISSING_WINDOW = 10
-QUIET_TO_CLOSE = 10
-"""Readings back inside every threshold before an alarm closes."""
+QUIET_TO_CLOSE = 5
+"""Readings back inside its threshold before an alarm closes: the alarm state follows the
+machine closely; a fault that dips under a threshold for a while stays one incident (the
+quiet window of app/monitoring/incidents.py joins them)."""
 RMS_SMALLEST_RISE = math.sqrt(2.0)
 """The rolling RMS alarms on no less than a doubling of the residual variance: real noise
 levels wander by tens of percent."""

@@ -22,6 +22,7 @@ from app.forecasting.base import Forecaster
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.calibration import SECONDS_PER_DAY
 from app.monitoring.detectors import FloatArray
+from app.monitoring.incidents import incident_spans
 from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
 from app.series import Series
 from app.simulation.faults import Fault
@@ -94,18 +95,6 @@ def stream_record(
     )
 
 
-def incidents(events: Sequence[AlarmEvent], stop: int) -> list[tuple[int, int]]:
-    """Events of all detectors merged where they overlap: [start, end) per incident."""
-    spans = sorted((e.start, stop if e.end is None else e.end) for e in events)
-    merged: list[list[int]] = []
-    for start, end in spans:
-        if merged and start < merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(a, b) for a, b in merged]
-
-
 def _mask(total: int, spans: Sequence[tuple[int, int]]) -> NDArray[np.bool_]:
     mask = np.zeros(total, dtype=bool)
     for start, end in spans:
@@ -158,7 +147,7 @@ def score_faults(
         false_events[kind] = sum(1 for s in starts if s < total and normal[s])
         true = sum(1 for s in starts if s < total and in_fault[s])
         precision[kind] = _ratio(true, true + false_events[kind])
-    merged = incidents(record.events, total)
+    merged = [(a, total if b is None else b) for a, b in incident_spans(record.events)]
     false_events["any"] = sum(1 for s, _ in merged if normal[s])
     true_any = sum(1 for s, _ in merged if in_fault[s])
     precision["any"] = _ratio(true_any, true_any + false_events["any"])
@@ -202,7 +191,7 @@ def normal_day_false_alarms(
     watched = int((~np.isnan(residuals)).sum())
     watched_days = watched * sample_period_s / SECONDS_PER_DAY
     counts = {k: sum(1 for e in record.events if e.detector == k) for k in record.statistics}
-    counts["any"] = len(incidents(record.events, record.samples))
+    counts["any"] = len(incident_spans(record.events))
     counts["total"] = sum(counts[k] for k in record.statistics)
     finite = residuals[~np.isnan(residuals)]
     return {

@@ -100,6 +100,31 @@ class Stream(Base):
     )
 
 
+class Incident(Base):
+    """Alarms of one stream that overlap or follow each other closely (app/monitoring/
+    incidents.py): what an operator acknowledges. Open while any of its alarms is."""
+
+    __tablename__ = "incidents"
+
+    id: Mapped[int] = mapped_column(BigIntegerPK, primary_key=True, autoincrement=True)
+    stream_id: Mapped[str] = mapped_column(
+        String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE")
+    )
+    state: Mapped[str] = mapped_column(String(8))
+    opened_at: Mapped[datetime]
+    opened_sample: Mapped[int] = mapped_column(BigInteger())
+    closed_at: Mapped[datetime | None]
+    closed_sample: Mapped[int | None] = mapped_column(BigInteger())
+    acknowledged_at: Mapped[datetime | None]
+    acknowledged_by: Mapped[str | None] = mapped_column(String(NAME_LENGTH))
+
+    __table_args__ = (
+        CheckConstraint("state IN ('open', 'closed')", name="state_valid"),
+        Index("ix_incidents_opened_at_id", "opened_at", "id"),
+        Index("ix_incidents_stream_id_opened_sample", "stream_id", "opened_sample"),
+    )
+
+
 class Alarm(Base):
     """One alarm event of one detector on one stream, from opening to closing."""
 
@@ -109,6 +134,11 @@ class Alarm(Base):
     stream_id: Mapped[str] = mapped_column(
         String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE")
     )
+    incident_id: Mapped[int | None] = mapped_column(
+        BigInteger(), ForeignKey("incidents.id", ondelete="SET NULL"), index=True
+    )
+    # Per channel of a stream of several, what made the peak: {channel: its part}.
+    detail: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     detector: Mapped[str] = mapped_column(String(DETECTOR_LENGTH))
     state: Mapped[str] = mapped_column(String(8))
     opened_at: Mapped[datetime]

@@ -10,7 +10,7 @@ can always re-send a batch it has no answer for.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 import numpy as np
@@ -53,6 +53,9 @@ class IngestOutcome:
     result: StreamResult | None  # None when every reading was a re-send
     opened: list[Alarm]
     closed: list[Alarm]
+    incidents_opened: int = 0
+    incidents_closed: int = 0
+    new_alarms: list[str] = field(default_factory=list)  # detectors of new (not re-opened) ones
 
     @property
     def accepted(self) -> int:
@@ -364,8 +367,7 @@ def _store(
     left_open: list[dict[str, float] | None] = []
     for part, result in zip(parts, results, strict=True):
         times = new.times[part.first + part.resent : part.stop]
-        opened: list[Alarm] = []
-        closed: list[Alarm] = []
+        applied = alarm_repo.Applied([], [])
         peaks = None
         if result is not None:
             live = part.live
@@ -374,7 +376,7 @@ def _store(
             if live.learning is not None and live.learning.end is not None:
                 peaks = live.open_peaks  # past the learning period: left for the learned model
             if result.opened or result.closed or peaks != live.open_peaks:
-                opened, closed = alarm_repo.apply(
+                applied = alarm_repo.apply(
                     session,
                     stream_id=live.stream_id,
                     opened=result.opened,
@@ -383,11 +385,22 @@ def _store(
                     time_of=_times(session, live, result, times),
                     model_name=live.model_name,
                     model_version=live.model_version,
+                    channels=live.channels,
                 )
             if live.state.samples >= live.checkpoint_due:
                 streams.checkpoint(session, live, force=True)
         outcomes.append(
-            IngestOutcome(part.live.stream_id, times, part.resent, result, opened, closed)
+            IngestOutcome(
+                part.live.stream_id,
+                times,
+                part.resent,
+                result,
+                applied.opened,
+                applied.closed,
+                applied.incidents_opened,
+                applied.incidents_closed,
+                [alarm.detector for alarm in applied.new],
+            )
         )
         left_open.append(peaks)
     return outcomes, left_open
@@ -431,5 +444,7 @@ def _committed(
             kinds=live.recurrence.monitor.kinds_tuple,
             targets=live.recurrence.targets,
             active=set(open_peaks),
-            opened=[alarm.detector for alarm in outcome.opened],
+            opened=outcome.new_alarms,
+            incidents_opened=outcome.incidents_opened,
+            incidents_closed=outcome.incidents_closed,
         )

@@ -396,6 +396,7 @@ class LiveStreams:
                 time_of=time_of,
                 model_name=live.model_name,
                 model_version=live.model_version,
+                channels=live.channels,
             )
             if live.state.samples:
                 self.checkpoint(session, live, force=True)

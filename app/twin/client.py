@@ -138,11 +138,18 @@ class ServiceClient:
 
     def alarms(self, stream_id: str) -> list[dict[str, Any]]:
         """Every alarm of the stream, page after page."""
+        return self._pages("alarms", stream_id)
+
+    def incidents(self, stream_id: str) -> list[dict[str, Any]]:
+        """Every incident of the stream, page after page."""
+        return self._pages("incidents", stream_id)
+
+    def _pages(self, what: str, stream_id: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         cursor = None
         while True:
             query = f"?stream={stream_id}&limit=1000" + (f"&cursor={cursor}" if cursor else "")
-            page = self._call("GET", f"/v1/alarms{query}").json()
+            page = self._call("GET", f"/v1/{what}{query}").json()
             items += page["items"]
             cursor = page.get("next_cursor")
             if not cursor:

@@ -6,7 +6,7 @@ import base64
 import binascii
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from sqlalchemy import and_, or_, select
@@ -14,7 +14,9 @@ from sqlalchemy.orm import Session
 
 from app.errors import DataError, NotFoundError
 from app.monitoring.alarms import AlarmEvent
-from app.storage.models import Alarm, AlarmState
+from app.monitoring.detectors import DETECTORS
+from app.monitoring.incidents import QUIET_TO_JOIN, joins
+from app.storage.models import Alarm, AlarmState, Incident
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +80,18 @@ def close(
     return alarm
 
 
+@dataclass
+class Applied:
+    """What `apply` did: the alarm rows opened (or re-opened) and closed, and how many incidents
+    it opened (or re-opened) and closed."""
+
+    opened: list[Alarm]
+    closed: list[Alarm]
+    incidents_opened: int = 0
+    incidents_closed: int = 0
+    new: list[Alarm] = field(default_factory=list)  # the opened rows that are new alarms
+
+
 def apply(
     session: Session,
     *,
@@ -88,58 +102,152 @@ def apply(
     time_of: Callable[[int], datetime],
     model_name: str,
     model_version: str,
-) -> tuple[list[Alarm], list[Alarm]]:
-    """A stream's alarm transitions, in sample order: rows opened and closed, and the peak of
-    every alarm still open (`peaks`, by detector) brought up to date. Returns the rows opened
-    and closed."""
+    channels: Sequence[str] = (),
+    quiet: int = QUIET_TO_JOIN,
+) -> Applied:
+    """A stream's alarm transitions, in sample order, with the incidents they make
+    (app/monitoring/incidents.py): an alarm opening within `quiet` readings of its detector's
+    last closing re-opens that row; every alarm joins the stream's open incident, or the last
+    one if it closed within `quiet` readings, or a new one; an incident closes with its last
+    open alarm. The peak of every alarm still open (`peaks`, by detector) is brought up to
+    date; `channels` name the parts of a multi-channel event's detail."""
     actions = sorted(
         [(event.start, 1, event) for event in opened]
         + [(event.cleared_at or 0, 0, event) for event in closed],
         key=lambda action: (action[0], action[1]),
     )
     rows: dict[str, Alarm] = {a.detector: a for a in list_open(session, stream_id=stream_id)}
-    opened_rows: list[Alarm] = []
-    closed_rows: list[Alarm] = []
+    done = Applied([], [])
     for sample, is_opening, event in actions:
         if is_opening:
             if event.detector in rows:  # left open by an earlier configuration
                 earlier = rows.pop(event.detector)
-                closed_rows.append(
+                done.closed.append(
                     close(session, earlier, closed_at=time_of(sample), closed_sample=sample)
                 )
-            row = create(
-                session,
-                stream_id=stream_id,
-                detector=event.detector,
-                opened_at=time_of(event.start),
-                opened_sample=event.start,
-                peak=event.peak,
-                threshold=event.threshold,
-                model_name=model_name,
-                model_version=model_version,
-            )
+                _close_incident(session, earlier, done)
+            row = _reopened(session, stream_id, event, quiet)
+            if row is None:
+                row = create(
+                    session,
+                    stream_id=stream_id,
+                    detector=event.detector,
+                    opened_at=time_of(event.start),
+                    opened_sample=event.start,
+                    peak=event.peak,
+                    threshold=event.threshold,
+                    model_name=model_name,
+                    model_version=model_version,
+                )
+                done.new.append(row)
+            row.detail = _detail(event, channels) or row.detail
+            if row.incident_id is None:
+                row.incident_id = _incident(session, stream_id, row, event.start, quiet, done)
             rows[event.detector] = row
-            opened_rows.append(row)
+            done.opened.append(row)
             continue
         still_open = rows.pop(event.detector, None)
         if still_open is None:
             log.warning("no open alarm row for %s/%s", stream_id, event.detector)
             continue
-        closed_rows.append(
+        done.closed.append(
             close(
                 session,
                 still_open,
                 closed_at=time_of(sample),
                 closed_sample=sample,
-                peak=event.peak,
+                peak=_extreme(event.detector, still_open.peak, event.peak),
             )
         )
+        still_open.detail = _detail(event, channels) or still_open.detail
+        _close_incident(session, still_open, done)
     for detector, peak in peaks.items():
         held = rows.get(detector)
-        if held is not None and held.peak != peak:
-            held.peak = peak
+        if held is not None:
+            peak = _extreme(detector, held.peak, peak)
+            if held.peak != peak:
+                held.peak = peak
     session.flush()
-    return opened_rows, closed_rows
+    return done
+
+
+def _extreme(detector: str, a: float, b: float) -> float:
+    """The farther of two peaks on the detector's alarming side."""
+    kind = DETECTORS.get(detector)
+    below = kind is not None and kind.direction == "below"
+    return min(a, b) if below else max(a, b)
+
+
+def _detail(event: AlarmEvent, channels: Sequence[str]) -> dict[str, float] | None:
+    if event.detail is None or len(event.detail) != len(channels):
+        return None
+    return dict(zip(channels, event.detail, strict=True))
+
+
+def _reopened(session: Session, stream_id: str, event: AlarmEvent, quiet: int) -> Alarm | None:
+    """The detector's last alarm if it closed within `quiet` readings of this opening: opened
+    again, the same alarm extended."""
+    last = session.scalars(
+        select(Alarm)
+        .where(Alarm.stream_id == stream_id, Alarm.detector == event.detector)
+        .order_by(Alarm.opened_sample.desc(), Alarm.id.desc())
+        .limit(1)
+    ).first()
+    if last is None or last.state != "closed" or not joins(last.closed_sample, event.start, quiet):
+        return None
+    last.state = "open"
+    last.closed_at = None
+    last.closed_sample = None
+    last.peak = _extreme(event.detector, last.peak, event.peak)
+    session.flush()
+    return last
+
+
+def _incident(
+    session: Session, stream_id: str, alarm: Alarm, start: int, quiet: int, done: Applied
+) -> int:
+    """The incident an alarm opening at `start` belongs to (opened or re-opened if need be)."""
+    last = session.scalars(
+        select(Incident)
+        .where(Incident.stream_id == stream_id)
+        .order_by(Incident.opened_sample.desc(), Incident.id.desc())
+        .limit(1)
+    ).first()
+    if last is not None and joins(last.closed_sample, start, quiet):
+        if last.state == "closed":
+            last.state, last.closed_at, last.closed_sample = "open", None, None
+            done.incidents_opened += 1
+        return last.id
+    incident = Incident(
+        stream_id=stream_id,
+        state="open",
+        opened_at=alarm.opened_at,
+        opened_sample=alarm.opened_sample,
+        closed_at=None,
+        closed_sample=None,
+        acknowledged_at=None,
+        acknowledged_by=None,
+    )
+    session.add(incident)
+    session.flush()
+    done.incidents_opened += 1
+    return incident.id
+
+
+def _close_incident(session: Session, alarm: Alarm, done: Applied) -> None:
+    """Close the alarm's incident if no alarm of it is open any more."""
+    if alarm.incident_id is None:
+        return
+    session.flush()
+    still = session.scalar(
+        select(Alarm.id).where(Alarm.incident_id == alarm.incident_id, Alarm.state == "open")
+    )
+    incident = session.get(Incident, alarm.incident_id)
+    if still is None and incident is not None and incident.state == "open":
+        incident.state = "closed"
+        incident.closed_at = alarm.closed_at
+        incident.closed_sample = alarm.closed_sample
+        done.incidents_closed += 1
 
 
 def get(session: Session, alarm_id: int) -> Alarm | None:
@@ -218,7 +326,12 @@ def page(
 
 
 def encode_cursor(alarm: Alarm) -> str:
-    raw = f"{alarm.opened_at.isoformat()}|{alarm.id}".encode()
+    return encode_moment(alarm.opened_at, alarm.id)
+
+
+def encode_moment(opened_at: datetime, row_id: int) -> str:
+    """A keyset cursor: the last row's opening time and id."""
+    raw = f"{opened_at.isoformat()}|{row_id}".encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 

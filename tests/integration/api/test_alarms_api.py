@@ -78,6 +78,8 @@ def test_one_alarm_and_its_fields(client: TestClient, alarms: dict[str, int]) ->
         "model_version": "test",
         "acknowledged_at": None,
         "acknowledged_by": None,
+        "incident": None,
+        "channels": None,
     }
     missing = client.get("/v1/alarms/999999")
     assert missing.status_code == 404

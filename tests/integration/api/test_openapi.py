@@ -43,6 +43,9 @@ def test_every_operation_has_a_stable_camel_case_operation_id(openapi: dict[str,
         ("get", "/v1/alarms"): "listAlarms",
         ("get", "/v1/alarms/{alarm_id}"): "getAlarm",
         ("post", "/v1/alarms/{alarm_id}/acknowledge"): "acknowledgeAlarm",
+        ("get", "/v1/incidents"): "listIncidents",
+        ("get", "/v1/incidents/{incident_id}"): "getIncident",
+        ("post", "/v1/incidents/{incident_id}/acknowledge"): "acknowledgeIncident",
         ("get", "/v1/models"): "listModels",
         ("get", "/healthz"): "getHealth",
         ("get", "/readyz"): "getReadiness",
@@ -68,7 +71,13 @@ def test_every_body_documents_the_400_of_malformed_json(openapi: dict[str, Any])
         for _, _, operation in operations(openapi)
         if "requestBody" in operation
     }
-    assert set(with_body) == {"putStream", "postReadings", "postManyReadings", "acknowledgeAlarm"}
+    assert set(with_body) == {
+        "putStream",
+        "postReadings",
+        "postManyReadings",
+        "acknowledgeAlarm",
+        "acknowledgeIncident",
+    }
     for operation_id, responses in with_body.items():
         assert {"400", "413", "422"} <= set(responses), operation_id
         assert responses["400"]["description"].startswith("Malformed JSON")
@@ -89,6 +98,7 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
         "postReadings",
         "postManyReadings",
         "acknowledgeAlarm",
+        "acknowledgeIncident",
     }
     for _, _, operation in operations(openapi):
         assert ("401" in operation["responses"]) == (operation["operationId"] in secured)
@@ -96,7 +106,7 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
 
 def test_every_request_body_has_examples_its_model_accepts(openapi: dict[str, Any]) -> None:
     bodies = [op["requestBody"] for _, _, op in operations(openapi) if "requestBody" in op]
-    assert len(bodies) == 4
+    assert len(bodies) == 5
     for body in bodies:
         ref = body["content"]["application/json"]["schema"]["$ref"]
         name = ref.removeprefix("#/components/schemas/")

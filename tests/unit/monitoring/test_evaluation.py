@@ -12,11 +12,11 @@ from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.calibration import HoldOut, calibrate_margins
 from app.monitoring.evaluation import (
     MonitoredRecord,
-    incidents,
     normal_day_false_alarms,
     score_faults,
     stream_record,
 )
+from app.monitoring.incidents import alarm_spans, incident_spans
 from app.monitoring.monitor import Monitor, MonitorConfig, PointConfig
 from app.monitoring.plots import plot_record
 from app.monitoring.workflow import WATCH_ONLY
@@ -81,13 +81,22 @@ def test_a_missed_fault_has_no_delay() -> None:
     assert report["precision"]["point"] is None  # no events at all: undefined, not 0 or 1
 
 
-def test_incidents_merge_overlapping_events_of_different_detectors() -> None:
+def test_incidents_join_alarms_that_overlap_or_follow_within_the_quiet_window() -> None:
     events = [
-        AlarmEvent("point", 10, 12, 1.0, 0.5),
-        AlarmEvent("cusum", 11, 30, 9.0, 5.0),
-        AlarmEvent("level", 40, None, 1.0, 0.1),
+        AlarmEvent("point", 10, 12, 1.0, 0.5, cleared_at=20),
+        AlarmEvent("cusum", 11, 30, 9.0, 5.0, cleared_at=35),
+        AlarmEvent("point", 50, 51, 1.0, 0.5, cleared_at=60),  # 15 after: the same incident
+        AlarmEvent("level", 90, None, 1.0, 0.1),  # 30 after: another
     ]
-    assert incidents(events, stop=100) == [(10, 30), (40, 100)]
+    assert incident_spans(events, quiet=20) == [(10, 60), (90, None)]
+    assert alarm_spans(events, quiet=20) == [
+        ("point", 10, 20),
+        ("cusum", 11, 35),
+        ("point", 50, 60),  # 30 after the point alarm closed: a new alarm (same incident)
+        ("level", 90, None),
+    ]
+    again = [AlarmEvent("point", 10, 12, 1.0, 0.5, 20), AlarmEvent("point", 35, 36, 2.0, 0.5, 45)]
+    assert alarm_spans(again, quiet=20) == [("point", 10, 45)]  # re-opened: one alarm, extended
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,104 @@
+"""Incident rows (app/monitoring/incidents.py): listed, read and acknowledged through the API.
+They are opened and closed with their alarms by `alarms.apply`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import and_, func, or_, select
+from sqlalchemy.orm import Session
+
+from app.errors import DataError, NotFoundError
+from app.storage.models import Alarm, AlarmState, Incident
+from app.storage.repositories.alarms import decode_cursor, encode_moment
+
+
+@dataclass(frozen=True)
+class IncidentPage:
+    items: list[Incident]
+    next_cursor: str | None
+
+
+def require(session: Session, incident_id: int) -> Incident:
+    incident = session.get(Incident, incident_id)
+    if incident is None:
+        raise NotFoundError(f"incident {incident_id} does not exist", incident=incident_id)
+    return incident
+
+
+def alarms_of(session: Session, incident_ids: list[int]) -> dict[int, list[Alarm]]:
+    """Each incident's alarms, in the order they opened."""
+    if not incident_ids:
+        return {}
+    statement = (
+        select(Alarm)
+        .where(Alarm.incident_id.in_(incident_ids))
+        .order_by(Alarm.opened_sample, Alarm.id)
+    )
+    out: dict[int, list[Alarm]] = {i: [] for i in incident_ids}
+    for alarm in session.scalars(statement):
+        assert alarm.incident_id is not None
+        out[alarm.incident_id].append(alarm)
+    return out
+
+
+def open_counts(session: Session) -> dict[str, int]:
+    """Open incidents by stream."""
+    statement = (
+        select(Incident.stream_id, func.count())
+        .where(Incident.state == "open")
+        .group_by(Incident.stream_id)
+    )
+    return {stream: int(count) for stream, count in session.execute(statement)}
+
+
+def acknowledge(session: Session, incident_id: int, *, by: str, now: datetime) -> Incident:
+    """Mark the incident (and its alarms not yet acknowledged) acknowledged. Idempotent."""
+    incident = session.get(Incident, incident_id, with_for_update=True)
+    if incident is None:
+        raise NotFoundError(f"incident {incident_id} does not exist", incident=incident_id)
+    if incident.acknowledged_at is None:
+        incident.acknowledged_at, incident.acknowledged_by = now, by
+    for alarm in alarms_of(session, [incident_id])[incident_id]:
+        if alarm.acknowledged_at is None:
+            alarm.acknowledged_at, alarm.acknowledged_by = now, by
+    session.flush()
+    return incident
+
+
+def page(
+    session: Session,
+    *,
+    stream_id: str | None = None,
+    state: AlarmState | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> IncidentPage:
+    """Incidents newest first (by opening time, then id), keyset-paginated like alarms."""
+    if limit < 1:
+        raise DataError("limit must be at least 1")
+    statement = select(Incident)
+    if stream_id is not None:
+        statement = statement.where(Incident.stream_id == stream_id)
+    if state is not None:
+        statement = statement.where(Incident.state == state)
+    if since is not None:
+        statement = statement.where(Incident.opened_at >= since)
+    if until is not None:
+        statement = statement.where(Incident.opened_at < until)
+    if cursor is not None:
+        after_at, after_id = decode_cursor(cursor)
+        statement = statement.where(
+            or_(
+                Incident.opened_at < after_at,
+                and_(Incident.opened_at == after_at, Incident.id < after_id),
+            )
+        )
+    statement = statement.order_by(Incident.opened_at.desc(), Incident.id.desc()).limit(limit + 1)
+    rows = list(session.scalars(statement))
+    items = rows[:limit]
+    next_cursor = encode_moment(items[-1].opened_at, items[-1].id) if len(rows) > limit else None
+    return IncidentPage(items=items, next_cursor=next_cursor)
