@@ -143,9 +143,11 @@ def learn(
     sample_period_s: float | None = None,
     false_alarms_per_day: float = 1.0,
     max_gap: int = DEFAULT_MAX_GAP,
+    references: np.ndarray | None = None,
 ) -> LearnedModel:
     """Learn a stream from its readings: times (R,) int64 microseconds, values (R, C), NaN for
-    a missing number. DataError if they cannot teach anything."""
+    a missing number, and a reference sensor's readings of channel 0 (R,) if it has one.
+    DataError if they cannot teach anything."""
     values = np.asarray(values, dtype=np.float64)
     if values.ndim == 1:
         values = values[:, None]
@@ -165,7 +167,7 @@ def learn(
     recurrence = Recurrence(forecaster, placeholder, max_gap=max_gap)
     block = recurrence.advance(
         [recurrence.new_state()],
-        Readings.of_one(np.asarray(times, dtype=np.int64), values),
+        Readings.of_one(np.asarray(times, dtype=np.int64), values, references),
         [period],
     )
     result = block.stream(0)
@@ -178,6 +180,7 @@ def learn(
         missing=missing,
         sample_period_s=period,
         false_alarms_per_day=false_alarms_per_day,
+        reference_gaps=None if references is None else result.reference_gap,
     )
     return LearnedModel(
         fits=fits,

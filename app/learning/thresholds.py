@@ -32,6 +32,7 @@ from scipy import stats
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.monitor import (
     DetectorConfig,
+    LevelConfig,
     MahalanobisConfig,
     MissingConfig,
     MonitorConfig,
@@ -46,6 +47,7 @@ SHIFT_WINDOW = 10
 """Readings the shift detector averages: a level change is confirmed within ten readings."""
 RMS_WINDOW = 50
 FLOOR_WINDOW = 20
+LEVEL_WINDOW = 10
 MISSING_WINDOW = 10
 QUIET_TO_CLOSE = 5
 """Readings back inside its threshold before an alarm closes: the alarm state follows the
@@ -60,6 +62,7 @@ tell how much a window's statistic varies in normal operation (the rolling RMS o
 needs 1,000 learning readings)."""
 TAIL_FRACTION = 0.1
 PSEUDO_EXCESSES = 10.0
+SHAPE_PSEUDO_EXCESSES = 200.0
 FLOOR_FRACTION = 0.5
 """A frozen sensor: a window's residual spread below half the smallest the learning saw."""
 
@@ -100,21 +103,36 @@ def _long_run_factor(z: np.ndarray, window: int) -> float:
 
 
 def _tail(sample: np.ndarray, rate: float, prior_scale: float) -> float:
-    """The exponential-tail estimate of the level exceeded with probability `rate` (NaN if the
-    sample is too small)."""
+    """The peaks-over-threshold estimate of the level exceeded with probability `rate`: a
+    generalised Pareto tail fitted (probability-weighted moments) to the excesses over the
+    sample's 90th percentile. Its shape is shrunk towards 0 (the exponential tail) with
+    `SHAPE_PSEUDO_EXCESSES` pseudo-excesses and kept within [0, 0.5]: a few dozen excesses say
+    little about it, thousands say a lot; never lighter than exponential. Its scale is shrunk
+    towards `prior_scale` with `PSEUDO_EXCESSES`. NaN if the sample is too small."""
     sample = np.sort(sample[~np.isnan(sample)])
     if sample.size < 50:
         return math.nan
     start = int(sample.size * (1 - TAIL_FRACTION))
     level = float(sample[start - 1])
     excesses = sample[start:] - level
-    scale = (float(excesses.sum()) + PSEUDO_EXCESSES * prior_scale) / (
-        excesses.size + PSEUDO_EXCESSES
-    )
-    fraction = excesses.size / sample.size
+    count = excesses.size
+    fraction = count / sample.size
     if rate >= fraction:
         return level
-    return level + scale * math.log(fraction / rate)
+    mean = float(excesses.mean())
+    weights = (count - 1 - np.arange(count)) / max(count - 1, 1)
+    a1 = float((weights * excesses).mean())
+    shape = 0.0
+    if mean > 0 and mean - 2 * a1 > 0:
+        shape = 2 - mean / (mean - 2 * a1)
+    shape = min(max(shape * count / (count + SHAPE_PSEUDO_EXCESSES), 0.0), 0.5)
+    # The scale that gives the excesses their mean (sigma / (1 - shape)), shrunk likewise.
+    scale = (count * mean + PSEUDO_EXCESSES * prior_scale) / (count + PSEUDO_EXCESSES)
+    scale *= 1 - shape
+    ratio = fraction / rate
+    if shape < 1e-9:
+        return level + scale * math.log(ratio)
+    return level + scale / shape * (math.pow(ratio, shape) - 1)
 
 
 def _rolling(values: np.ndarray, window: int) -> np.ndarray:
@@ -132,14 +150,18 @@ def detectors_for(
     missing: np.ndarray,
     sample_period_s: float,
     false_alarms_per_day: float,
+    reference_gaps: np.ndarray | None = None,
 ) -> tuple[MonitorConfig, list[ChannelScale]]:
     """The monitor of a learned stream: residuals (R, C) of its learning readings (NaN where
-    none), its readings (R, C), each channel's level, which readings were null (R,)."""
+    none), its readings (R, C), each channel's level, which readings were null (R,), and for a
+    stream with a reference sensor the gaps between channel 0 and it (R,)."""
     readings_per_day = SECONDS_PER_DAY / sample_period_s
     count, channels = residuals.shape
     scales = [residual_scale(residuals[:, c], values[:, c], levels[c]) for c in range(channels)]
-    families = 5 if channels > 1 else 4  # point, shift, rms, floor (+ mahalanobis), missing
-    share = false_alarms_per_day / (families + 1)
+    # point, shift, rms, floor, missing (+ mahalanobis for several channels, + level for a
+    # reference): each family an equal share
+    families = 5 + int(channels > 1) + int(reference_gaps is not None)
+    share = false_alarms_per_day / families
 
     def budget_rate(window: int, watched: int) -> float:
         """The probability a reading's statistic may exceed: the family's share of events a
@@ -200,6 +222,8 @@ def detectors_for(
         detectors.append(VarianceFloorConfig(threshold=1.0, window=FLOOR_WINDOW, gains=floor_gains))
     if channels > 1:
         detectors.append(_mahalanobis(residuals, scales, budget_rate(1, 1)))
+    if reference_gaps is not None:
+        detectors.append(_level(reference_gaps, budget_rate(LEVEL_WINDOW, 1)))
     detectors.append(_missing(missing, share, readings_per_day))
     return MonitorConfig(channels=channels, alarm=quiet, detectors=detectors), scales
 
@@ -228,6 +252,22 @@ def _mahalanobis(
     tail = _tail(distances, rate, 2.0)
     threshold = max(prior, _finite_or(tail, 0.0), observed)
     return MahalanobisConfig(threshold=threshold, covariance=covariance.tolist())
+
+
+def _level(gaps: np.ndarray, rate: float) -> LevelConfig:
+    """The sensor against its reference: |mean of 10 gaps| beyond what the learning readings'
+    gaps allow (the same prior, tail and maximum as the shift detector)."""
+    finite = gaps[~np.isnan(gaps)]
+    centre = float(np.median(finite)) if finite.size else 0.0
+    spread = residual_scale(gaps - centre, gaps, 0.0).scale
+    factor = _long_run_factor((gaps - centre) / spread, LEVEL_WINDOW)
+    windows = _rolling(gaps, LEVEL_WINDOW)
+    means = np.abs(windows.mean(axis=1)) if windows.size else np.empty(0)
+    window_spread = spread * math.sqrt(factor / LEVEL_WINDOW)
+    prior = abs(centre) + window_spread * float(stats.norm.isf(rate / 2))
+    tail = _tail(means, rate, window_spread)
+    observed = float(np.nanmax(means)) if means.size and not np.isnan(means).all() else 0.0
+    return LevelConfig(threshold=max(prior, _finite_or(tail, 0.0), observed), window=LEVEL_WINDOW)
 
 
 def _missing(missing: np.ndarray, share: float, readings_per_day: float) -> MissingConfig:

@@ -199,16 +199,29 @@ class Learner:
             plan = LearningPlan.of(stream.learning)
             batches = reading_repo.batches_from(session, stream_id=stream_id)
             period, budget = stream.sample_period_s, stream.false_alarms_per_day
+            has_reference = stream.has_reference
         times = np.concatenate([b.micros for b in batches]) if batches else np.empty(0, np.int64)
         end = plan.end(times)
         if end is None:
             return False
         values = np.concatenate([b.values for b in batches])[:end]
+        references = None
+        if has_reference:
+            references = np.concatenate(
+                [
+                    np.full(len(b.micros), np.nan) if b.references is None else b.references
+                    for b in batches
+                ]
+            )[:end]
         learned: LearnedModel | None = None
         error = None
         try:
             learned = learn(
-                times[:end], values, sample_period_s=period, false_alarms_per_day=budget
+                times[:end],
+                values,
+                sample_period_s=period,
+                false_alarms_per_day=budget,
+                references=references,
             )
         except DataError as exc:
             error = exc.detail
