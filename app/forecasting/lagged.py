@@ -226,21 +226,24 @@ def _candidates(
     return out
 
 
-def fit_channel(series: np.ndarray, periods: list[int], *, holdout: float = 0.25) -> ChannelFit:
+def fit_channel(
+    series: np.ndarray, periods: list[int], *, holdout: float = 0.25
+) -> tuple[ChannelFit, np.ndarray]:
     """Choose one channel's model on its learning readings (NaN: missing): every candidate is
     fitted on the first part, scored by one-step error on the held-out tail, the simplest of
-    those not clearly beaten is kept and refitted on all of it."""
+    those not clearly beaten is kept and refitted on all of it. Returns it and its residuals on
+    the held-out tail as fitted without it: how its errors look on readings it has not seen."""
     finite = series[~np.isnan(series)]
     if finite.size == 0:
         raise ValueError("a channel has no reading to learn from")
     offset = float(np.median(finite))
     centred = series - offset
     split = round(series.shape[0] * (1 - holdout))
-    train, errors = centred[:split], {}
+    train, errors, unseen = centred[:split], {}, {}
     for name, (kind, lags, weights, intercept, _) in _candidates(train, periods).items():
         fit = ChannelFit(kind, tuple(lags), tuple(weights.tolist()), intercept, 0.0, 0.0, 0.0)
-        predicted = fit.forecast(centred)[split:]
-        error = (predicted - centred[split:]) ** 2
+        unseen[name] = centred[split:] - fit.forecast(centred)[split:]
+        error = unseen[name] ** 2
         if np.isfinite(error).sum() >= 5:
             errors[name] = (float(np.nanmean(error)), kind)
     naive_mse = errors["naive"][0] if "naive" in errors else np.nan
@@ -257,7 +260,7 @@ def fit_channel(series: np.ndarray, periods: list[int], *, holdout: float = 0.25
         if k == kind and (best != best or mse <= CLEARLY_BETTER * best)
     )
     kind, lags, weights, intercept, period = _candidates(centred, periods)[chosen]
-    return ChannelFit(
+    fit = ChannelFit(
         kind=kind,
         lags=tuple(lags),
         weights=tuple(float(w) for w in weights),
@@ -267,3 +270,4 @@ def fit_channel(series: np.ndarray, periods: list[int], *, holdout: float = 0.25
         naive_rmse=float(np.sqrt(naive_mse)),
         period=period,
     )
+    return fit, unseen.get(chosen, np.empty(0))

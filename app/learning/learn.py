@@ -161,7 +161,8 @@ def learn(
         if np.isnan(values[:, c]).all():
             raise DataError(f"channel {c} has no number among the learning readings")
     seasons = sorted({p for c in range(channels) for p in seasonal_periods(values[:, c], period)})
-    fits = [fit_channel(values[:, c], seasons) for c in range(channels)]
+    chosen = [fit_channel(values[:, c], seasons) for c in range(channels)]
+    fits = [fit for fit, _ in chosen]
     forecaster = LaggedLinear(fits)
     placeholder = MonitorConfig(channels=channels, detectors=[MissingConfig()])
     recurrence = Recurrence(forecaster, placeholder, max_gap=max_gap)
@@ -181,6 +182,7 @@ def learn(
         sample_period_s=period,
         false_alarms_per_day=false_alarms_per_day,
         reference_gaps=None if references is None else result.reference_gap,
+        unseen=[residuals for _, residuals in chosen],
     )
     return LearnedModel(
         fits=fits,

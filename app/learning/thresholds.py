@@ -15,7 +15,8 @@ laxer, than what the data show:
 
 The residual scale is the half-width of the residuals' central 68% (sigma for a Gaussian,
 undisturbed by a sixth of outliers or by quantised readings), floored by the sensor's resolution
-(the smallest non-zero change it has shown) and by 1e-12 of its level, so a flat or integer
+(half the smallest non-zero change it has shown: a quantised reading's rounding error) and by
+1e-12 of its level, so a flat or integer
 series has a finite scale. Thresholds are written as gains (1 / threshold) with the detector's
 threshold 1: a learned stream's statistics read as multiples of their thresholds.
 """
@@ -59,7 +60,8 @@ levels wander by tens of percent."""
 WINDOWS_TO_CHARACTERISE = 20
 """A windowed detector runs only if the learning readings hold 20 of its windows: fewer cannot
 tell how much a window's statistic varies in normal operation (the rolling RMS over 50 readings
-needs 1,000 learning readings)."""
+needs 1,000 learning readings). The variance floor, which alarms below the smallest spread
+the learning saw (halved), makes do with 10 of its windows (200 readings)."""
 TAIL_FRACTION = 0.1
 PSEUDO_EXCESSES = 10.0
 SHAPE_PSEUDO_EXCESSES = 200.0
@@ -83,16 +85,17 @@ def residual_scale(residuals: np.ndarray, values: np.ndarray, level: float) -> C
     steps = np.abs(np.diff(values[~np.isnan(values)]))
     steps = steps[steps > 0]
     resolution = float(steps.min()) if steps.size else 0.0
-    floor = max(resolution, 1e-12 * abs(level), 1e-300)
+    floor = max(resolution / 2, 1e-12 * abs(level), 1e-300)
     return ChannelScale(scale=max(spread, floor), resolution=resolution)
 
 
-def _long_run_factor(z: np.ndarray, window: int) -> float:
+def _long_run_factor(z: np.ndarray, window: int, unknown: float | None = None) -> float:
     """Var(mean of `window` residuals) x window / var(residual), from the autocorrelation of
-    the standardised residuals `z` (NaN-free runs), between 1 and `window`."""
+    the standardised residuals `z` (NaN-free runs), between 1 and `window`; `unknown` (default
+    halfway, in log, to fully correlated) when too few to tell."""
     z = z[~np.isnan(z)]
     if z.size < 3 * window:
-        return math.sqrt(window)  # too short to tell: halfway (in log) to fully correlated
+        return math.sqrt(window) if unknown is None else unknown
     z = z - z.mean()
     variance = float(z @ z) / z.size or 1.0
     total = 1.0
@@ -151,13 +154,25 @@ def detectors_for(
     sample_period_s: float,
     false_alarms_per_day: float,
     reference_gaps: np.ndarray | None = None,
+    unseen: list[np.ndarray] | None = None,
 ) -> tuple[MonitorConfig, list[ChannelScale]]:
     """The monitor of a learned stream: residuals (R, C) of its learning readings (NaN where
-    none), its readings (R, C), each channel's level, which readings were null (R,), and for a
-    stream with a reference sensor the gaps between channel 0 and it (R,)."""
+    none), its readings (R, C), each channel's level, which readings were null (R,), for a
+    stream with a reference sensor the gaps between channel 0 and it (R,), and each channel's
+    residuals on readings its model did not see while fitted (the hold-out).
+
+    A model fitted on a few hundred readings fits them better than it will forecast the next
+    ones: its residuals there are smaller and less correlated. The scale and the correlation
+    that widen the thresholds are each the larger of the two estimates, in-sample and
+    held-out."""
     readings_per_day = SECONDS_PER_DAY / sample_period_s
     count, channels = residuals.shape
-    scales = [residual_scale(residuals[:, c], values[:, c], levels[c]) for c in range(channels)]
+    held = unseen if unseen is not None else [np.empty(0)] * channels
+    scales = []
+    for c in range(channels):
+        inside = residual_scale(residuals[:, c], values[:, c], levels[c])
+        outside = residual_scale(held[c], values[:, c], levels[c])
+        scales.append(inside if inside.scale >= outside.scale else outside)
     # point, shift, rms, floor, missing (+ mahalanobis for several channels, + level for a
     # reference): each family an equal share
     families = 5 + int(channels > 1) + int(reference_gaps is not None)
@@ -181,17 +196,27 @@ def detectors_for(
         tail = _tail(finite, rate, s / max(prior / s, 1.0))
         point_gains.append(1.0 / max(prior, _finite_or(tail, 0.0), observed))
 
-        factor = _long_run_factor(z, SHIFT_WINDOW)
+        factor = max(
+            _long_run_factor(z, SHIFT_WINDOW), _long_run_factor(held[c] / s, SHIFT_WINDOW, 1.0)
+        )
+        # An autocorrelation estimated from n readings errs low by about sqrt(4 w / 3 n)
+        # (relative): the factor one sigma up.
+        factor *= 1 + math.sqrt(4 * SHIFT_WINDOW / (3 * max(count, 1)))
         windows = _rolling(r, SHIFT_WINDOW)
         means = np.abs(windows.mean(axis=1)) if windows.size else np.empty(0)
         rate = budget_rate(SHIFT_WINDOW, channels)
-        spread = s * math.sqrt(factor / SHIFT_WINDOW)
+        # The level the model learned is uncertain too: by the mean of the learning readings'
+        # residuals, as correlated as they are.
+        spread = s * math.sqrt(factor / SHIFT_WINDOW + factor / max(count, 1))
         prior = spread * float(stats.norm.isf(rate / 2))
         tail = _tail(means, rate, spread / max(prior / spread, 1.0))
         observed = float(np.nanmax(means)) if means.size and not np.isnan(means).all() else 0.0
         shift_gains.append(1.0 / max(prior, _finite_or(tail, 0.0), observed))
 
-        factor = _long_run_factor(z * z - 1, RMS_WINDOW)
+        factor = max(
+            _long_run_factor(z * z - 1, RMS_WINDOW),
+            _long_run_factor((held[c] / s) ** 2 - 1, RMS_WINDOW, 1.0),
+        )
         windows = _rolling(r * r, RMS_WINDOW)
         rms = np.sqrt(windows.mean(axis=1)) if windows.size else np.empty(0)
         rate = budget_rate(RMS_WINDOW, channels)
@@ -209,7 +234,7 @@ def detectors_for(
         lowest = float(spreads.min()) if spreads.size else 0.0
         # A sensor that already sat still for a whole window while learning is not watched for
         # freezing: its stillness is normal.
-        floor_gains.append(1.0 / (FLOOR_FRACTION * lowest) if lowest > scale.resolution else 0.0)
+        floor_gains.append(1.0 / (FLOOR_FRACTION * lowest) if lowest > 0 else 0.0)
 
     quiet = AlarmPolicy(k=1, n=1, m=QUIET_TO_CLOSE)
     detectors: list[DetectorConfig] = [
@@ -218,7 +243,7 @@ def detectors_for(
     ]
     if count >= WINDOWS_TO_CHARACTERISE * RMS_WINDOW:
         detectors.append(RollingRMSConfig(threshold=1.0, window=RMS_WINDOW, gains=rms_gains))
-    if count >= WINDOWS_TO_CHARACTERISE * FLOOR_WINDOW and any(floor_gains):
+    if count >= WINDOWS_TO_CHARACTERISE * FLOOR_WINDOW / 2 and any(floor_gains):
         detectors.append(VarianceFloorConfig(threshold=1.0, window=FLOOR_WINDOW, gains=floor_gains))
     if channels > 1:
         detectors.append(_mahalanobis(residuals, scales, budget_rate(1, 1)))
