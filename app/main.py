@@ -41,6 +41,7 @@ from app.storage.repositories import model_entries
 from app.storage.repositories import streams as stream_repo
 from app.streams.learning import Learner
 from app.streams.live import LiveStreams
+from app.streams.stale import StaleWatch
 
 log = logging.getLogger(__name__)
 
@@ -156,11 +157,17 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[LifespanState]:
         state = await anyio.to_thread.run_sync(open_state, settings, metrics, loader)
+        watch = None
+        if settings.stale_periods > 0:
+            watch = StaleWatch(state.streams, metrics, periods=settings.stale_periods)
+            watch.start()
         try:
             if after_startup is not None:
                 after_startup()
             yield {"twinwatch": state}
         finally:
+            if watch is not None:
+                await anyio.to_thread.run_sync(watch.stop)
             try:
                 # A clean stop leaves nothing to replay at the next start (a fit in progress
                 # is finished; one queued is done again at the next start).

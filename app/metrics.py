@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
@@ -52,6 +53,8 @@ class StreamSeries:
     targets: int = 1  # channels forecast: `latest` holds their forecasts, then their residuals
     incidents: float = 0.0  # incidents opened (re-openings included)
     open_incidents: float = 0.0
+    stale: bool = False
+    last_arrival: float | None = None  # time.time() of its last accepted readings
 
     @property
     def residual(self) -> float | None:
@@ -119,6 +122,17 @@ class _StreamCollector(Collector):
         open_incidents = GaugeMetricFamily(
             "twinwatch_incidents_open", "Incidents open on the stream.", labels=["stream"]
         )
+        stale = GaugeMetricFamily(
+            "twinwatch_stream_stale",
+            "1 while the stream is stale (silent for longer than its stale limit), else 0.",
+            labels=["stream"],
+        )
+        silence = GaugeMetricFamily(
+            "twinwatch_seconds_since_reading",
+            "Seconds since the stream's last readings were accepted (since start-up if none).",
+            labels=["stream"],
+        )
+        now = time.time()
         for stream, series in streams:
             readings.add_metric([stream], series.readings)
             for reason, count in list(series.rejected.items()):
@@ -135,6 +149,9 @@ class _StreamCollector(Collector):
                 alarms.add_metric([stream, detector], count)
             incidents.add_metric([stream], series.incidents)
             open_incidents.add_metric([stream], series.open_incidents)
+            stale.add_metric([stream], 1.0 if series.stale else 0.0)
+            since = self._metrics.started if series.last_arrival is None else series.last_arrival
+            silence.add_metric([stream], max(0.0, now - since))
         yield from (
             readings,
             rejected,
@@ -145,12 +162,15 @@ class _StreamCollector(Collector):
             alarms,
             incidents,
             open_incidents,
+            stale,
+            silence,
         )
 
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self.started = time.time()
         r = self.registry
         self._streams: dict[str, StreamSeries] = {}
         self._guard = threading.Lock()
@@ -220,6 +240,17 @@ class Metrics:
         series.open_incidents = max(
             0.0, series.open_incidents + incidents_opened - incidents_closed
         )
+        series.stale, series.last_arrival = False, time.time()
+
+    def publish_stale(
+        self, stream_id: str, *, stale: bool, opened: int = 0, incidents_opened: int = 0
+    ) -> None:
+        """The stream went stale (its alarm opened: `opened` new alarm rows)."""
+        series = self.track_stream(stream_id, ())
+        series.stale = stale
+        series.alarms["stale"] = series.alarms.get("stale", 0.0) + opened
+        series.incidents += incidents_opened
+        series.open_incidents += incidents_opened
 
     def set_open_incidents(self, stream_id: str, count: int) -> None:
         """The stream's open incidents as the database has them (at start-up)."""

@@ -50,6 +50,12 @@ class Settings(BaseSettings):
         description="Readings stamped further ahead of the server clock are refused: one "
         "accepted by mistake would make every later, correct reading 'older' (409).",
     )
+    stale_periods: float = Field(
+        10.0,
+        ge=0,
+        description="A stream silent for this many sample periods gets a stale alarm (raised "
+        "by a timer); 0 switches the timer off.",
+    )
     checkpoint_every: int = Field(
         1000,
         ge=1,

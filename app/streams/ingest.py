@@ -9,6 +9,7 @@ can always re-send a batch it has no answer for.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import ConflictError, DataError
 from app.metrics import Metrics
+from app.monitoring.alarms import AlarmEvent
 from app.storage.models import Alarm
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import readings as reading_repo
@@ -373,14 +375,19 @@ def _store(
             live = part.live
             open_events = live.recurrence.monitor.open_events(live.state.monitor)
             peaks = {event.detector: event.peak for event in open_events}
+            closed_events = result.closed
+            if live.stale_since is not None:  # a reading at last: the stale alarm closes
+                first = result.first_sample
+                stale = AlarmEvent("stale", live.stale_since, first, 0.0, 0.0, cleared_at=first)
+                closed_events = [stale, *closed_events]
             if live.learning is not None and live.learning.end is not None:
                 peaks = live.open_peaks  # past the learning period: left for the learned model
-            if result.opened or result.closed or peaks != live.open_peaks:
+            if result.opened or closed_events or peaks != live.open_peaks:
                 applied = alarm_repo.apply(
                     session,
                     stream_id=live.stream_id,
                     opened=result.opened,
-                    closed=result.closed,
+                    closed=closed_events,
                     peaks=peaks,
                     time_of=_times(session, live, result, times),
                     model_name=live.model_name,
@@ -437,6 +444,7 @@ def _committed(
         if live.state.samples >= live.checkpoint_due:
             live.checkpoint_due = live.state.samples + streams.checkpoint_every
         live.open_peaks = open_peaks
+        live.last_arrival, live.stale_since = time.monotonic(), None
         metrics.publish(
             live.stream_id,
             readings=outcome.accepted,

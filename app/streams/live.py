@@ -17,6 +17,7 @@ import json
 import logging
 import math
 import threading
+import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -100,6 +101,10 @@ class LiveStream:
     open_peaks: dict[str, float] = field(default_factory=dict)
     learning: Learning | None = None  # a stream of model "auto" that has not learned yet
     learned: LearnedModel | None = None  # what a stream of model "auto" learned
+    # When its last readings were accepted (time.monotonic), and the sample at which its open
+    # stale alarm began, if it has one (app/streams/stale.py).
+    last_arrival: float = field(default_factory=time.monotonic)
+    stale_since: int | None = None
 
     @property
     def phase(self) -> str:
@@ -271,6 +276,14 @@ class LiveStreams:
             open_peaks={e.detector: e.peak for e in recurrence.monitor.open_events(state.monitor)},
             learning=kind.learning,
             learned=kind.learned,
+            stale_since=next(
+                (
+                    row.opened_sample
+                    for row in alarm_repo.list_open(session, stream_id=stream.id)
+                    if row.detector == "stale"
+                ),
+                None,
+            ),
         )
         if kind.learning is not None:
             times = reading_repo.all_times(session, stream_id=stream.id)

@@ -221,6 +221,7 @@ def make_client(database: Database, models_dir: Path, tmp_path: Path) -> Iterato
             "data_dir": tmp_path / "data",
             "migrate_on_start": False,
             "shipped_models": False,  # the fake artifacts only
+            "stale_periods": 0,  # no stale timer unless a test asks (tests pause at will)
             **overrides,
         }
         app = create_app(

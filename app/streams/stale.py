@@ -1,0 +1,106 @@
+"""Stale streams: a stream that has sent nothing for `periods` sample periods (the setting
+TWINWATCH_STALE_PERIODS, 10 by default: as many as restart a stream's warm-up) gets a
+`stale` alarm, raised by a timer (a silent sensor sends no reading that could raise it) and
+closed by its next reading. Prometheus sees it too: `twinwatch_stream_stale` and
+`twinwatch_seconds_since_reading`.
+
+Silence is measured on the server's clock, from when the stream's last readings were accepted
+(a restart counts as an arrival: nothing is known of the time the service was down).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from datetime import UTC, datetime
+
+from app.metrics import Metrics
+from app.monitoring.alarms import AlarmEvent
+from app.storage.repositories import alarms as alarm_repo
+from app.streams.live import LiveStream, LiveStreams
+
+log = logging.getLogger(__name__)
+
+STALE = "stale"
+CHECK_EVERY_S = 1.0
+
+
+def stale_limit_s(live: LiveStream, periods: float) -> float | None:
+    """Seconds of silence that make the stream stale; None while it has no known period."""
+    period = live.sample_period_s
+    if not math.isfinite(period) or period <= 0:
+        return None
+    return periods * period
+
+
+class StaleWatch:
+    """The timer: a daemon thread that opens `stale` alarms (ingest closes them)."""
+
+    def __init__(self, streams: LiveStreams, metrics: Metrics, *, periods: float) -> None:
+        self.streams = streams
+        self.metrics = metrics
+        self.periods = periods
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="twinwatch-stale", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(CHECK_EVERY_S):
+            try:
+                self.check()
+            except Exception:
+                log.exception("checking for stale streams failed")
+
+    def check(self, now: float | None = None) -> list[str]:
+        """Open a stale alarm on every stream silent past its limit; returns their ids."""
+        moment = time.monotonic() if now is None else now
+        opened = []
+        for live in self.streams.live_streams():
+            limit = stale_limit_s(live, self.periods)
+            if limit is None or live.stale_since is not None:
+                continue
+            if moment - live.last_arrival > limit and self._open(live, moment, limit):
+                opened.append(live.stream_id)
+        return opened
+
+    def _open(self, live: LiveStream, moment: float, limit: float) -> bool:
+        with self.streams.database.session() as session:
+            held = self.streams.hold(session, [live.stream_id])[0]
+            if held is not live or live.stale_since is not None:
+                return False  # it moved meanwhile
+            if moment - live.last_arrival <= limit:
+                return False
+            silence = moment - live.last_arrival
+            sample = live.state.samples
+            applied = alarm_repo.apply(
+                session,
+                stream_id=live.stream_id,
+                opened=[AlarmEvent(STALE, sample, None, silence, limit)],
+                closed=[],
+                peaks={},
+                time_of=lambda _: datetime.now(UTC),
+                model_name=live.model_name,
+                model_version=live.model_version,
+            )
+
+            def committed() -> None:
+                live.stale_since = sample
+                self.metrics.publish_stale(
+                    live.stream_id,
+                    stale=True,
+                    opened=len(applied.new),
+                    incidents_opened=applied.incidents_opened,
+                )
+
+            self.streams.on_end(session, commit=committed)
+        log.warning("stream %s is stale: nothing for %.0f s", live.stream_id, silence)
+        return True

@@ -1,0 +1,48 @@
+"""A silent stream goes stale: a timer opens its `stale` alarm (no reading could) and exports
+it to Prometheus; its next reading closes it."""
+
+from __future__ import annotations
+
+import time
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.integration.conftest import AppFactory
+
+START = 1_700_000_000.0
+
+
+def metric(client, name: str, stream: str) -> float | None:  # type: ignore[no-untyped-def]
+    for family in text_string_to_metric_families(client.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels.get("stream") == stream:
+                return float(sample.value)
+    return None
+
+
+def test_a_silent_stream_goes_stale_and_its_next_reading_closes_it(
+    make_client: AppFactory,
+) -> None:
+    client = make_client(stale_periods=5)  # 5 periods of 0.1 s: half a second of silence
+    client.put("/v1/streams/s", json={"model": "lstm-seed0", "sample_period_s": 0.1})
+    rows = [{"t": START + 0.1 * i, "value": 0.0} for i in range(20)]
+    assert client.post("/v1/streams/s/readings", json={"readings": rows}).status_code == 200
+    assert metric(client, "twinwatch_stream_stale", "s") == 0.0
+    deadline = time.monotonic() + 10
+    while metric(client, "twinwatch_stream_stale", "s") != 1.0:
+        assert time.monotonic() < deadline, "no stale alarm"
+        time.sleep(0.1)
+    (alarm,) = client.get("/v1/alarms", params={"stream": "s", "detector": "stale"}).json()["items"]
+    assert alarm["state"] == "open" and alarm["opened_sample"] == 20
+    assert alarm["threshold"] == 0.5 and alarm["peak"] > 0.5  # seconds of silence
+    assert alarm["incident"] is not None
+    assert (metric(client, "twinwatch_seconds_since_reading", "s") or 0) > 0.5
+    assert metric(client, "twinwatch_alarms_total", "s") is not None
+
+    late = [{"t": START + 100.0, "value": 0.0}]
+    assert client.post("/v1/streams/s/readings", json={"readings": late}).status_code == 200
+    (alarm,) = client.get("/v1/alarms", params={"stream": "s", "detector": "stale"}).json()["items"]
+    assert alarm["state"] == "closed" and alarm["closed_sample"] == 20
+    assert metric(client, "twinwatch_stream_stale", "s") == 0.0
+    incident = client.get(f"/v1/incidents/{alarm['incident']}").json()
+    assert incident["state"] == "closed" and "stale" in incident["detectors"]
