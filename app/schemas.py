@@ -230,6 +230,11 @@ class AlarmOut(BaseModel):
     acknowledged_at: datetime | None
     acknowledged_by: str | None
     incident: int | None = Field(None, description="The incident the alarm belongs to.")
+    gaps: list[tuple[int, int]] | None = Field(
+        None,
+        description="A re-opened alarm's spells back inside its threshold: [closed_sample, "
+        "reopened_sample) each (it was closed then, and re-opened within the quiet window).",
+    )
     channels: dict[str, float] | None = Field(
         None,
         description="A stream of several channels: what each channel made of the peak (its "
@@ -255,6 +260,7 @@ class AlarmOut(BaseModel):
             acknowledged_at=alarm.acknowledged_at,
             acknowledged_by=alarm.acknowledged_by,
             incident=alarm.incident_id,
+            gaps=None if alarm.gaps is None else [(int(a), int(b)) for a, b in alarm.gaps],
             channels=alarm.detail,
         )
 

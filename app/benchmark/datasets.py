@@ -32,13 +32,26 @@ class LabelledFile:
     name: str  # its path relative to the data set's root
     times: np.ndarray  # (R,) int64 microseconds since the epoch
     values: np.ndarray  # (R, C) float64, NaN for a missing number
-    channels: list[str]
+    channels: list[str]  # the sensor columns' names, as channel names (`channel_name`)
     anomaly: np.ndarray  # (R,) bool
     changepoint: np.ndarray | None  # (R,) bool, if the file has them
 
     @property
     def rows(self) -> int:
         return int(self.times.shape[0])
+
+
+def channel_name(column: str, taken: set[str]) -> str:
+    """A column's name as a stream channel may be called (letters, digits, '_', '.', '-';
+    "Volume Flow RateRMS" becomes "Volume_Flow_RateRMS")."""
+    name = re.sub(r"[^A-Za-z0-9_.-]", "_", column.strip())[:64] or "channel"
+    if not re.match(r"[A-Za-z_]", name):
+        name = f"_{name}"[:64]
+    unique, number = name, 2
+    while unique in taken:
+        unique, number = f"{name[:60]}_{number}", number + 1
+    taken.add(unique)
+    return unique
 
 
 def _natural(path: Path) -> list[object]:
@@ -94,6 +107,8 @@ def load_file(path: Path, root: Path) -> LabelledFile:
     if not channels:
         raise DataError(f"{name}: no sensor column")
     index = {column: position for position, column in enumerate(header)}
+    taken: set[str] = set()
+    names = [channel_name(column, taken) for column in channels]
     try:
         times = np.array([_time(row[0]) for row in rows[1:]], dtype=np.int64)
         values = np.array(
@@ -111,7 +126,7 @@ def load_file(path: Path, root: Path) -> LabelledFile:
         raise DataError(f"{name}: infinite numbers")
     if (np.diff(times) <= 0).any():
         raise DataError(f"{name}: times must increase")
-    return LabelledFile(name, times, values, channels, anomaly, changepoint)
+    return LabelledFile(name, times, values, names, anomaly, changepoint)
 
 
 def load(root: Path) -> list[LabelledFile]:

@@ -6,8 +6,9 @@ In-process (`run_in_process`), the code is the service's own: `app.learning.lear
 as `LiveStreams.adopt` runs them. Over HTTP (`run_over_http`), a stream of model "auto" is created
 on a running service, every row is posted, and its alarms are read back.
 
-Either way the result is the alarm state of every row: alarmed from the reading that opened an
-alarm up to the one that closed it, what an operator watching the service would have seen.
+Either way the result is the alarm state of every row, as the service said it at that reading:
+alarmed from the reading that opened an alarm up to the one that closed it, except where a
+re-opened alarm had closed for a while (its `gaps`, app/monitoring/incidents.py).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def run_in_process(
         events_from=learn_rows,
     )
     events: list[AlarmEvent] = replayed.closed + recurrence.monitor.open_events(state.monitor)
-    for event in events:
+    for event in events:  # what the service said at each reading (a re-opened alarm's gaps too)
         _span(alarmed, event.start, event.cleared_at)
     return FileRun(
         alarmed,
@@ -132,8 +133,12 @@ def run_over_http(
         if learning.get("error"):
             return FileRun(alarmed, error=learning["error"])
         alarms = client.alarms(stream_id)
-        for alarm in alarms:
-            _span(alarmed, alarm["opened_sample"], alarm["closed_sample"])
+        for alarm in alarms:  # its span, but for the gaps while it had closed
+            own = np.zeros(labelled.rows, dtype=bool)
+            _span(own, alarm["opened_sample"], alarm["closed_sample"])
+            for low, high in alarm.get("gaps") or []:
+                own[low:high] = False
+            alarmed |= own
         incidents = sorted(
             (i["opened_sample"], i["closed_sample"]) for i in client.incidents(stream_id)
         )

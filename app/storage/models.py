@@ -139,6 +139,8 @@ class Alarm(Base):
     )
     # Per channel of a stream of several, what made the peak: {channel: its part}.
     detail: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    # A re-opened alarm's quiet spells, [closed_sample, reopened_sample) each.
+    gaps: Mapped[list[Any] | None] = mapped_column(JSON(none_as_null=True))
     detector: Mapped[str] = mapped_column(String(DETECTOR_LENGTH))
     state: Mapped[str] = mapped_column(String(8))
     opened_at: Mapped[datetime]

@@ -66,8 +66,8 @@ class StaleWatch:
         opened = []
         for live in self.streams.live_streams():
             limit = stale_limit_s(live, self.periods)
-            if limit is None or live.stale_since is not None:
-                continue
+            if limit is None or live.stale_since is not None or not live.state.samples:
+                continue  # (a stream that never sent anything is not silent: it has not begun)
             if moment - live.last_arrival > limit and self._open(live, moment, limit):
                 opened.append(live.stream_id)
         return opened

@@ -61,6 +61,8 @@ class ServeProcess:
             "TWINWATCH_DATA_DIR": str(log_dir / f"{name}-data"),
             "TWINWATCH_MIGRATE_ON_START": "true",
             "TWINWATCH_LOG_LEVEL": "warning",
+            # Restarts and pauses are the point here: no stale alarm races the comparisons.
+            "TWINWATCH_STALE_PERIODS": "0",
         }
 
     def launch(self) -> None:

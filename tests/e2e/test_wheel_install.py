@@ -122,7 +122,10 @@ def test_the_lab_record_raises_the_readmes_alarms(server: tuple[str, int]) -> No
     with httpx.Client(base_url=base, timeout=60.0) as client:
         models = {model["name"] for model in client.get("/v1/models").json()["items"]}
         assert {"lstm-seed0", "lstm-day-seed3", "lstm-stateful-day-seed3"} <= models
-        created = client.put(f"/v1/streams/{STREAM}", json={"has_reference": True})
+        created = client.put(
+            f"/v1/streams/{STREAM}",
+            json={"model": "lstm-stateful-day-seed3", "has_reference": True},
+        )
         assert created.status_code == 201, created.text
         for start, stop in BATCHES:
             readings = [

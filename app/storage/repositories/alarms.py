@@ -143,6 +143,8 @@ def apply(
             row.detail = _detail(event, channels) or row.detail
             if row.incident_id is None:
                 row.incident_id = _incident(session, stream_id, row, event.start, quiet, done)
+            else:  # a re-opened alarm re-opens its incident
+                _reopen_incident(session, row.incident_id, done)
             rows[event.detector] = row
             done.opened.append(row)
             continue
@@ -195,6 +197,7 @@ def _reopened(session: Session, stream_id: str, event: AlarmEvent, quiet: int) -
     ).first()
     if last is None or last.state != "closed" or not joins(last.closed_sample, event.start, quiet):
         return None
+    last.gaps = [*(last.gaps or []), [last.closed_sample, event.start]]
     last.state = "open"
     last.closed_at = None
     last.closed_sample = None
@@ -232,6 +235,13 @@ def _incident(
     session.flush()
     done.incidents_opened += 1
     return incident.id
+
+
+def _reopen_incident(session: Session, incident_id: int, done: Applied) -> None:
+    incident = session.get(Incident, incident_id)
+    if incident is not None and incident.state == "closed":
+        incident.state, incident.closed_at, incident.closed_sample = "open", None, None
+        done.incidents_opened += 1
 
 
 def _close_incident(session: Session, alarm: Alarm, done: Applied) -> None:

@@ -79,6 +79,7 @@ def test_one_alarm_and_its_fields(client: TestClient, alarms: dict[str, int]) ->
         "acknowledged_at": None,
         "acknowledged_by": None,
         "incident": None,
+        "gaps": None,
         "channels": None,
     }
     missing = client.get("/v1/alarms/999999")

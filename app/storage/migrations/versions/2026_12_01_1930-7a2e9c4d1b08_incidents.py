@@ -1,6 +1,6 @@
 """Incidents: the alarms of a stream that overlap or follow each other closely, acknowledged as
-one; an alarm names its incident and, for a stream of several channels, what each channel made of
-its peak. Alarms from before this revision belong to no incident.
+one; an alarm names its incident, for a stream of several channels what each channel made of its
+peak, and, re-opened, the spells it was closed. Alarms from before this revision belong to no incident.
 
 Revision ID: 7a2e9c4d1b08
 Revises: 3f6d2b8a1c57
@@ -48,6 +48,7 @@ def upgrade() -> None:
     with op.batch_alter_table("alarms") as batch_op:
         batch_op.add_column(sa.Column("incident_id", sa.BigInteger(), nullable=True))
         batch_op.add_column(sa.Column("detail", sa.JSON(none_as_null=True), nullable=True))
+        batch_op.add_column(sa.Column("gaps", sa.JSON(none_as_null=True), nullable=True))
         batch_op.create_index(batch_op.f("ix_alarms_incident_id"), ["incident_id"])
         batch_op.create_foreign_key(
             batch_op.f("fk_alarms_incident_id_incidents"),
@@ -62,6 +63,7 @@ def downgrade() -> None:
     with op.batch_alter_table("alarms") as batch_op:
         batch_op.drop_constraint(batch_op.f("fk_alarms_incident_id_incidents"), type_="foreignkey")
         batch_op.drop_index(batch_op.f("ix_alarms_incident_id"))
+        batch_op.drop_column("gaps")
         batch_op.drop_column("detail")
         batch_op.drop_column("incident_id")
     op.drop_index("ix_incidents_stream_id_opened_sample", table_name="incidents")
