@@ -3,14 +3,20 @@ read one, acknowledge (which acknowledges its alarms too)."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
-from fastapi import APIRouter, Path, Query
-from pydantic import AwareDatetime
+from fastapi import APIRouter, Path
 
 from app.api.deps import SessionDep, WriteAccess, utcnow
+from app.api.queries import (
+    CursorQuery,
+    LimitQuery,
+    SinceQuery,
+    StateQuery,
+    StreamQuery,
+    UntilQuery,
+)
 from app.schemas import (
-    STREAM_ID_PATTERN,
     AcknowledgeIn,
     IncidentOut,
     IncidentPageOut,
@@ -32,16 +38,12 @@ IncidentIdPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="The incide
 )
 def list_incidents(
     session: SessionDep,
-    stream: Annotated[str | None, Query(pattern=STREAM_ID_PATTERN)] = None,
-    state: Annotated[Literal["open", "closed"] | None, Query()] = None,
-    since: Annotated[
-        AwareDatetime | None, Query(description="Opened at or after (RFC 3339 with offset).")
-    ] = None,
-    until: Annotated[AwareDatetime | None, Query(description="Opened before.")] = None,
-    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: Annotated[
-        str | None, Query(max_length=200, description="`next_cursor` of the previous page.")
-    ] = None,
+    stream: StreamQuery = None,
+    state: StateQuery = None,
+    since: SinceQuery = None,
+    until: UntilQuery = None,
+    limit: LimitQuery = 100,
+    cursor: CursorQuery = None,
 ) -> IncidentPageOut:
     page = incident_repo.page(
         session,

@@ -2,29 +2,22 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.errors import DataError, NotFoundError
+from app.errors import NotFoundError
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.detectors import DETECTORS
 from app.monitoring.incidents import QUIET_TO_JOIN, joins
 from app.storage.models import Alarm, AlarmState, Incident
+from app.storage.repositories.pages import Page, newest_first, opened_filters
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class AlarmPage:
-    items: list[Alarm]
-    next_cursor: str | None
 
 
 def create(
@@ -301,58 +294,9 @@ def page(
     until: datetime | None = None,
     limit: int = 100,
     cursor: str | None = None,
-) -> AlarmPage:
-    """Alarms newest first (by opening time, then id) with `since <= opened_at < until`.
-
-    Keyset pagination: the cursor names the last row returned, so pages stay consistent while
-    new alarms arrive. Pass the same filters with the cursor.
-    """
-    if limit < 1:
-        raise DataError("limit must be at least 1")
-    statement = select(Alarm)
-    if stream_id is not None:
-        statement = statement.where(Alarm.stream_id == stream_id)
+) -> Page[Alarm]:
+    """Alarms newest first with `since <= opened_at < until` (`pages.newest_first`)."""
+    conditions = opened_filters(Alarm, stream_id=stream_id, state=state, since=since, until=until)
     if detector is not None:
-        statement = statement.where(Alarm.detector == detector)
-    if state is not None:
-        statement = statement.where(Alarm.state == state)
-    if since is not None:
-        statement = statement.where(Alarm.opened_at >= since)
-    if until is not None:
-        statement = statement.where(Alarm.opened_at < until)
-    if cursor is not None:
-        after_at, after_id = decode_cursor(cursor)
-        statement = statement.where(
-            or_(
-                Alarm.opened_at < after_at,
-                and_(Alarm.opened_at == after_at, Alarm.id < after_id),
-            )
-        )
-    statement = statement.order_by(Alarm.opened_at.desc(), Alarm.id.desc()).limit(limit + 1)
-    rows = list(session.scalars(statement))
-    items = rows[:limit]
-    next_cursor = encode_cursor(items[-1]) if len(rows) > limit else None
-    return AlarmPage(items=items, next_cursor=next_cursor)
-
-
-def encode_cursor(alarm: Alarm) -> str:
-    return encode_moment(alarm.opened_at, alarm.id)
-
-
-def encode_moment(opened_at: datetime, row_id: int) -> str:
-    """A keyset cursor: the last row's opening time and id."""
-    raw = f"{opened_at.isoformat()}|{row_id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def decode_cursor(cursor: str) -> tuple[datetime, int]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        at_text, id_text = raw.split("|")
-        opened_at = datetime.fromisoformat(at_text)
-        alarm_id = int(id_text)
-    except (binascii.Error, UnicodeDecodeError, ValueError):
-        raise DataError("invalid cursor: pass back the next_cursor of a previous page") from None
-    if opened_at.tzinfo is None:
-        raise DataError("invalid cursor: pass back the next_cursor of a previous page")
-    return opened_at, alarm_id
+        conditions.append(Alarm.detector == detector)
+    return newest_first(session, Alarm, conditions, limit=limit, cursor=cursor)

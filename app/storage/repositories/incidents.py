@@ -3,21 +3,14 @@ They are opened and closed with their alarms by `alarms.apply`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.errors import DataError, NotFoundError
+from app.errors import NotFoundError
 from app.storage.models import Alarm, AlarmState, Incident
-from app.storage.repositories.alarms import decode_cursor, encode_moment
-
-
-@dataclass(frozen=True)
-class IncidentPage:
-    items: list[Incident]
-    next_cursor: str | None
+from app.storage.repositories.pages import Page, newest_first, opened_filters
 
 
 def require(session: Session, incident_id: int) -> Incident:
@@ -76,29 +69,9 @@ def page(
     until: datetime | None = None,
     limit: int = 100,
     cursor: str | None = None,
-) -> IncidentPage:
-    """Incidents newest first (by opening time, then id), keyset-paginated like alarms."""
-    if limit < 1:
-        raise DataError("limit must be at least 1")
-    statement = select(Incident)
-    if stream_id is not None:
-        statement = statement.where(Incident.stream_id == stream_id)
-    if state is not None:
-        statement = statement.where(Incident.state == state)
-    if since is not None:
-        statement = statement.where(Incident.opened_at >= since)
-    if until is not None:
-        statement = statement.where(Incident.opened_at < until)
-    if cursor is not None:
-        after_at, after_id = decode_cursor(cursor)
-        statement = statement.where(
-            or_(
-                Incident.opened_at < after_at,
-                and_(Incident.opened_at == after_at, Incident.id < after_id),
-            )
-        )
-    statement = statement.order_by(Incident.opened_at.desc(), Incident.id.desc()).limit(limit + 1)
-    rows = list(session.scalars(statement))
-    items = rows[:limit]
-    next_cursor = encode_moment(items[-1].opened_at, items[-1].id) if len(rows) > limit else None
-    return IncidentPage(items=items, next_cursor=next_cursor)
+) -> Page[Incident]:
+    """Incidents newest first with `since <= opened_at < until` (`pages.newest_first`)."""
+    conditions = opened_filters(
+        Incident, stream_id=stream_id, state=state, since=since, until=until
+    )
+    return newest_first(session, Incident, conditions, limit=limit, cursor=cursor)

@@ -9,7 +9,9 @@ from sqlalchemy.exc import IntegrityError
 
 from app.errors import DataError, NotFoundError
 from app.storage.db import Database
+from app.storage.models import Alarm
 from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories.pages import Page
 from tests.integration.conftest import T0, make_alarm, make_stream
 
 
@@ -28,7 +30,7 @@ def alarms_db(database: Database) -> Database:
     return database
 
 
-def opened(page: alarm_repo.AlarmPage) -> list[int]:
+def opened(page: Page[Alarm]) -> list[int]:
     return [alarm.opened_sample for alarm in page.items]
 
 

@@ -1,0 +1,61 @@
+"""What a stream learns: its period, its seasons, each channel's model, and a model that
+forecasts the same however its readings are grouped."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from app.errors import DataError
+from app.forecasting.lagged import fit_channel
+from app.learning.learn import LearnedModel, learn, sample_period, seasonal_periods
+from app.streams.recurrence import Readings
+
+
+def micros(seconds: np.ndarray) -> np.ndarray:
+    return np.round((1.7e9 + seconds) * 1e6).astype(np.int64)
+
+
+def test_the_period_is_the_median_step_and_seasons_come_from_the_data() -> None:
+    steps = np.array([0, 1, 2, 4, 5, 6, 7], dtype=float)  # one longer gap
+    assert sample_period(micros(steps)) == 1.0
+    t = np.arange(600)
+    wave = np.sin(2 * np.pi * t / 40) + np.random.default_rng(0).normal(0, 0.1, 600)
+    assert 40 in seasonal_periods(wave, 1.0)
+    walk = np.cumsum(np.random.default_rng(1).normal(0, 1, 600))
+    assert seasonal_periods(walk, 1.0) == []
+
+
+def test_each_channel_gets_the_model_its_readings_call_for() -> None:
+    rng = np.random.default_rng(2)
+    level = 5 + rng.normal(0, 1, 800)
+    walk = np.cumsum(rng.normal(0, 1, 800))
+    assert fit_channel(level, [])[0].kind == "level"
+    assert fit_channel(walk, [])[0].kind in {"naive", "ar-differenced"}
+
+
+def test_a_learned_model_forecasts_alike_in_any_grouping_and_round_trips() -> None:
+    rng = np.random.default_rng(3)
+    values = np.column_stack([5 + rng.normal(0, 1, 1500), np.cumsum(rng.normal(0, 1, 1500))])
+    times = micros(np.arange(1500.0))
+    learned = learn(times[:1000], values[:1000])
+    again = LearnedModel.from_json(learned.to_json())
+    assert again.to_json() == learned.to_json()
+    whole, parts = learned.recurrence(), again.recurrence()
+    one, other = whole.new_state(), parts.new_state()
+    all_at_once = whole.advance([one], Readings.of_one(times, values), [1.0]).stream(0)
+    pieces = [
+        parts.advance([other], Readings.of_one(times[a:b], values[a:b]), [1.0]).stream(0)
+        for a, b in [(0, 7), (7, 400), (400, 1500)]
+    ]
+    assert np.array_equal(
+        np.concatenate([p.forecasts for p in pieces]), all_at_once.forecasts, equal_nan=True
+    )
+
+
+def test_too_little_to_learn_from_is_refused() -> None:
+    with pytest.raises(DataError, match="at least 100"):
+        learn(micros(np.arange(50.0)), np.zeros(50))
+    values = np.column_stack([np.arange(200.0), np.full(200, np.nan)])
+    with pytest.raises(DataError, match="channel 1 has no number"):
+        learn(micros(np.arange(200.0)), values)
