@@ -39,6 +39,7 @@ from app.storage.db import Database
 from app.storage.repositories import incidents as incident_repo
 from app.storage.repositories import model_entries
 from app.storage.repositories import streams as stream_repo
+from app.storage.repositories.alarms import Applied
 from app.streams.learning import Learner
 from app.streams.live import LiveStreams
 from app.streams.stale import StaleWatch
@@ -95,7 +96,9 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         register_models(database, registry)
         metrics.set_models(registry)
         streams = LiveStreams(database, registry, checkpoint_every=settings.checkpoint_every)
-        learner = Learner(streams, on_adopted=lambda stream_id: _track(streams, metrics, stream_id))
+        learner = Learner(
+            streams, on_adopted=lambda stream_id, done: _track(streams, metrics, stream_id, done)
+        )
         streams.on_learning_due = learner.submit
         resume_streams(database, streams, metrics)
     except BaseException:
@@ -112,14 +115,23 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
     )
 
 
-def _track(streams: LiveStreams, metrics: Metrics, stream_id: str) -> None:
-    """A stream's metric series for its (new) detectors."""
+def _track(
+    streams: LiveStreams, metrics: Metrics, stream_id: str, applied: Applied | None = None
+) -> None:
+    """A stream's metric series for its (new) detectors, with the alarms its switch to a
+    learned model raised."""
     with streams.database.session() as session:
         stream = stream_repo.get(session, stream_id)
         if stream is None:
             return
         monitor = streams.read(session, stream).recurrence.monitor
         metrics.track_stream(stream_id, monitor.kinds, monitor.thresholds)
+        if applied is not None:
+            metrics.publish_alarms(
+                stream_id,
+                opened=[alarm.detector for alarm in applied.new],
+                incidents_opened=applied.incidents_opened,
+            )
         metrics.set_open_incidents(stream_id, incident_repo.open_counts(session).get(stream_id, 0))
 
 
@@ -133,6 +145,8 @@ def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -
         metrics.track_stream(
             live.stream_id, live.recurrence.monitor.kinds, live.recurrence.monitor.thresholds
         )
+        if live.stale_since is not None:
+            metrics.publish_stale(live.stream_id, stale=True)
     with database.session() as session:
         for stream in stream_repo.list_all(session):
             metrics.track_stream(stream.id, detectors=())

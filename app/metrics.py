@@ -234,23 +234,37 @@ class Metrics:
         if active or True in series.active.values():
             for detector in series.active:
                 series.active[detector] = detector in active
+        self.publish_alarms(
+            stream_id,
+            opened=opened,
+            incidents_opened=incidents_opened,
+            incidents_closed=incidents_closed,
+        )
+        series.stale, series.last_arrival = False, time.time()
+
+    def publish_alarms(
+        self,
+        stream_id: str,
+        *,
+        opened: list[str],
+        incidents_opened: int = 0,
+        incidents_closed: int = 0,
+    ) -> None:
+        """Alarms opened (their detectors) and incidents opened and closed on the stream."""
+        series = self.track_stream(stream_id, ())
         for detector in opened:
             series.alarms[detector] = series.alarms.get(detector, 0.0) + 1
         series.incidents += incidents_opened
         series.open_incidents = max(
             0.0, series.open_incidents + incidents_opened - incidents_closed
         )
-        series.stale, series.last_arrival = False, time.time()
 
     def publish_stale(
         self, stream_id: str, *, stale: bool, opened: int = 0, incidents_opened: int = 0
     ) -> None:
         """The stream went stale (its alarm opened: `opened` new alarm rows)."""
-        series = self.track_stream(stream_id, ())
-        series.stale = stale
-        series.alarms["stale"] = series.alarms.get("stale", 0.0) + opened
-        series.incidents += incidents_opened
-        series.open_incidents += incidents_opened
+        self.track_stream(stream_id, ()).stale = stale
+        self.publish_alarms(stream_id, opened=["stale"] * opened, incidents_opened=incidents_opened)
 
     def set_open_incidents(self, stream_id: str, count: int) -> None:
         """The stream's open incidents as the database has them (at start-up)."""

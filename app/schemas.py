@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from app.learning.learn import DEFAULT_LEARNING_READINGS
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.detectors import DETECTORS
 from app.registry import NAME_PATTERN, RegisteredModel
@@ -150,7 +151,8 @@ class LearningConfig(_Body):
     def as_json(self) -> dict[str, Any]:
         if self.duration_s is not None:
             return {"duration_s": self.duration_s}
-        return {"readings": self.readings if self.readings is not None else 1000}
+        readings = self.readings if self.readings is not None else DEFAULT_LEARNING_READINGS
+        return {"readings": readings}
 
 
 class StreamConfig(_Body):
@@ -295,7 +297,8 @@ class IncidentOut(BaseModel):
         detectors: dict[str, IncidentDetectorOut] = {}
         for alarm in alarms:
             known = detectors.get(alarm.detector)
-            below = alarm.detector == "variance_floor"
+            kind = DETECTORS.get(alarm.detector)
+            below = kind is not None and kind.direction == "below"
             farther = known is None or (
                 alarm.peak < known.peak if below else alarm.peak > known.peak
             )

@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from app.api.bodies import json_body, json_body_openapi
 from app.api.deps import AppState, SessionDep, StateDep, WriteAccess
 from app.api.streams import StreamIdPath
-from app.errors import AppError, NotFoundError, PayloadTooLargeError
+from app.errors import AppError, ConflictError, NotFoundError, PayloadTooLargeError
 from app.schemas import (
     AlarmOut,
     ForecastOut,
@@ -217,7 +217,7 @@ def post_many_readings(
 @router.get(
     "/streams/{stream_id}/forecast",
     response_model=ForecastOut,
-    responses=problem_responses(404, 422),
+    responses=problem_responses(404, 409, 422),
     summary="Direct multi-step forecast from the stream's current window",
     operation_id="getForecast",
 )
@@ -229,13 +229,18 @@ def get_forecast(
 ) -> ForecastOut:
     stream = stream_repo.require(session, stream_id)
     live = state.streams.read(session, stream)
+    if live.learning is not None:
+        raise ConflictError(
+            f"stream {stream_id!r} is still learning: it forecasts once it has learned",
+            stream=stream_id,
+        )
     forecast = live.recurrence.forecast_ahead(live.state, horizon)
     last = live.state.last_time
     return ForecastOut(
         stream=stream_id,
         model=stream.model_name,
         after_t=None if last is None else reading_repo.datetime_at(last),
-        sample_period_s=stream.sample_period_s,
+        sample_period_s=live.sample_period_s,
         horizon=horizon,
         forecast=[float(x) for x in forecast],
     )

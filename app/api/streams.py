@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from app.api.deps import AppState, SessionDep, StateDep, WriteAccess, utcnow
 from app.errors import AppError, ConflictError, DataError
+from app.learning.thresholds import LEARNED_DETECTORS
 from app.registry import AUTO
 from app.schemas import (
     STREAM_ID_PATTERN,
@@ -34,6 +35,7 @@ from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
+from app.streams.live import LiveStream
 
 router = APIRouter(prefix="/v1/streams", tags=["streams"])
 
@@ -85,14 +87,25 @@ def put_stream(
     overrides = _detector_overrides(config)
     learning = None
     if model_name == AUTO:
+        unknown = sorted(set(overrides) - set(LEARNED_DETECTORS))
+        if unknown:
+            raise DataError(
+                f"a learning stream has no detector {', '.join(unknown)}: it may get "
+                f"{', '.join(LEARNED_DETECTORS)}"
+            )
+        if all(not overrides.get(kind, {}).get("enabled", True) for kind in LEARNED_DETECTORS):
+            raise DataError("every detector is disabled: the stream would never alarm")
         channels = list(config.channels) if config.channels is not None else ["value"]
         learning = (config.learning or LearningConfig()).as_json()
         kinds: tuple[str, ...] = ()
         thresholds: dict[str, float] = {}
         period = config.sample_period_s
     else:
-        if config.learning is not None:
-            raise DataError(f"'learning' is for model {AUTO!r} streams; {model_name!r} is trained")
+        if config.learning is not None or "false_alarms_per_day" in config.model_fields_set:
+            raise DataError(
+                f"'learning' and 'false_alarms_per_day' are for model {AUTO!r} streams; "
+                f"{model_name!r} is trained and calibrated"
+            )
         model = state.registry.require(model_name)
         channels = list(config.channels) if config.channels is not None else model.channels
         n_channels = model.forecaster.n_channels
@@ -161,17 +174,14 @@ def put_stream(
     return described
 
 
-def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
-    """The stream's row with its live state (none if its model is not loaded any more)."""
-    open_alarms = alarm_repo.list_open(session, stream_id=stream.id)
-    try:
-        live = state.streams.read(session, stream)
-    except AppError:
-        return StreamOut.of(stream, open_alarms=open_alarms)
-    recurrence, stream_state = live.recurrence, live.state
-    phase: dict[str, Any] = {}
-    if stream.model_name == AUTO:
-        phase["false_alarms_per_day"] = stream.false_alarms_per_day
+def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[str, Any]:
+    """A stream of model "auto": its budget, and its learning progress or learned model."""
+    if stream.model_name != AUTO:
+        return {}
+    phase: dict[str, Any] = {"false_alarms_per_day": stream.false_alarms_per_day}
+    if live is None:
+        return phase
+    stream_state = live.state
     if live.learning is not None:
         plan = live.learning.plan
         phase.update(
@@ -202,6 +212,18 @@ def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
                 },
             ),
         )
+    return phase
+
+
+def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
+    """The stream's row with its live state (none if its model is not loaded any more)."""
+    open_alarms = alarm_repo.list_open(session, stream_id=stream.id)
+    try:
+        live = state.streams.read(session, stream)
+    except AppError:
+        return StreamOut.of(stream, open_alarms=open_alarms)
+    recurrence, stream_state = live.recurrence, live.state
+    phase = _phase(session, stream, live)
     forecasts, residuals, statistics = recurrence.latest(stream_state)
     active = {event.detector for event in recurrence.monitor.open_events(stream_state.monitor)}
     last = stream_state.last_time
@@ -234,7 +256,7 @@ def list_streams(session: SessionDep, state: StateDep) -> StreamList:
                 stream,
                 open_alarms=open_by_stream[stream.id],
                 position=_position(state.streams.position(stream.id)),
-            )
+            ).model_copy(update=_phase(session, stream, state.streams.peek(stream.id)))
             for stream in stream_repo.list_all(session)
         ]
     )

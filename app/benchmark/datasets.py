@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from app.errors import DataError
+from app.schemas import MAX_CHANNELS, RESERVED_CHANNELS
 
 LABELS = ("anomaly", "changepoint")
 
@@ -42,10 +43,10 @@ class LabelledFile:
 
 
 def channel_name(column: str, taken: set[str]) -> str:
-    """A column's name as a stream channel may be called (letters, digits, '_', '.', '-';
-    "Volume Flow RateRMS" becomes "Volume_Flow_RateRMS")."""
+    """A column's name as a stream channel may be called (letters, digits, '_', '.', '-', not a
+    name the readings' fields take; "Volume Flow RateRMS" becomes "Volume_Flow_RateRMS")."""
     name = re.sub(r"[^A-Za-z0-9_.-]", "_", column.strip())[:64] or "channel"
-    if not re.match(r"[A-Za-z_]", name):
+    if not re.match(r"[A-Za-z_]", name) or name in RESERVED_CHANNELS:
         name = f"_{name}"[:64]
     unique, number = name, 2
     while unique in taken:
@@ -106,6 +107,8 @@ def load_file(path: Path, root: Path) -> LabelledFile:
     channels = [c for c in header[1:] if c not in LABELS]
     if not channels:
         raise DataError(f"{name}: no sensor column")
+    if len(channels) > MAX_CHANNELS:
+        raise DataError(f"{name}: {len(channels)} sensor columns, a stream takes {MAX_CHANNELS}")
     index = {column: position for position, column in enumerate(header)}
     taken: set[str] = set()
     names = [channel_name(column, taken) for column in channels]

@@ -9,8 +9,8 @@ Two families:
 - SKAB's leaderboard protocol, so figures sit beside its published table:
   outlier detection (TP, FP, FN and TN summed over all files, then F1 = TP / (TP + (FP + FN)
   / 2), FAR = FP / (FP + TN), MAR = FN / (FN + TP)) and changepoint detection (NAB scoring:
-  each labelled changepoint opens a window of 60 s to its right, a window that would overlap
-  the next one is cut at the next one's start; the first predicted changepoint (a row where
+  each labelled changepoint opens a window of 60 s to its right (a window that would overlap
+  the previous one starts where the previous one ends); the first predicted changepoint (a row where
   the 0/1 state changes) in a window earns a credit falling from +1 at the changepoint to A_fp
   at the window's end along a tanh; an empty window costs A_fn; each predicted changepoint
   outside every window costs A_fp; scores are summed over files and normalised so that the

@@ -23,6 +23,8 @@ from app.monitoring.monitor import MissingConfig, MonitorConfig
 from app.streams.recurrence import DEFAULT_MAX_GAP, Readings, Recurrence
 
 LEARNED_VERSION = 1
+DEFAULT_LEARNING_READINGS = 1000
+"""Readings a stream learns from unless told otherwise: 17 minutes at 1 Hz, 3.5 days at 5 min."""
 MIN_READINGS = 100
 """The shortest learning period: fewer readings cannot hold a model and a hold-out apart."""
 SEASON_STRENGTH = 0.3

@@ -1,24 +1,27 @@
 """A learned stream's detectors and thresholds, from its learning readings' residuals.
 
 Each detector gets a share of the stream's false-alarm budget (false alarms per day), split
-evenly between the detectors and then between the channels one watches. A threshold is the
-highest of three numbers, so that a short learning period can only make it stricter, never
+evenly between the detector families (as if it had them all) and then between the channels one
+watches. A threshold is
+the highest of three numbers, so that a short learning period can only make it stricter, never
 laxer, than what the data show:
 
 - the prior: where the statistic would cross the budget if the residuals were Gaussian with
   the scale the learning readings show (for a windowed statistic, correlated residuals widen
-  it: the long-run variance of their mean is estimated from their autocorrelation);
-- the tail: an exponential tail fitted to the largest tenth of the learning statistics (peaks
-  over threshold, the shape fixed at 0 since a few hundred readings cannot tell it), its
-  scale shrunk towards the prior's with ten pseudo-excesses, extrapolated to the budget;
+  it: the long-run variance of their mean is estimated from their autocorrelation, in-sample
+  and held out, taking the larger, one sigma up; the shift detector's allows for the learned
+  level's own uncertainty too);
+- the tail: a generalised Pareto tail fitted to the largest tenth of the learning statistics
+  (peaks over threshold), its shape shrunk towards the exponential tail's 0 when the excesses
+  are few and kept within [0, 0.5], its scale towards the prior's, extrapolated to the budget;
 - the largest value the learning readings produced: they are normal by definition.
 
 The residual scale is the half-width of the residuals' central 68% (sigma for a Gaussian,
-undisturbed by a sixth of outliers or by quantised readings), floored by the sensor's resolution
-(half the smallest non-zero change it has shown: a quantised reading's rounding error) and by
-1e-12 of its level, so a flat or integer
-series has a finite scale. Thresholds are written as gains (1 / threshold) with the detector's
-threshold 1: a learned stream's statistics read as multiples of their thresholds.
+undisturbed by a sixth of outliers or by quantised readings), the larger of its in-sample and
+held-out estimates, floored by half the sensor's resolution (the smallest non-zero change it
+has shown: a quantised reading's rounding error) and by 1e-12 of its level, so a flat or
+integer series has a finite scale. Thresholds are written as gains (1 / threshold) with the
+detector's threshold 1: a learned stream's statistics read as multiples of their thresholds.
 """
 
 from __future__ import annotations
@@ -44,6 +47,16 @@ from app.monitoring.monitor import (
 )
 
 SECONDS_PER_DAY = 86_400.0
+LEARNED_DETECTORS = (
+    "point",
+    "shift",
+    "rolling_rms",
+    "variance_floor",
+    "mahalanobis",
+    "level",
+    "missing",
+)
+"""Every detector a learned stream may get (which it does get depends on its readings)."""
 SHIFT_WINDOW = 10
 """Readings the shift detector averages: a level change is confirmed within ten readings."""
 RMS_WINDOW = 50
@@ -175,6 +188,15 @@ def detectors_for(
         scales.append(inside if inside.scale >= outside.scale else outside)
     # point, shift, rms, floor, missing (+ mahalanobis for several channels, + level for a
     # reference): each family an equal share
+    with_rms = count >= WINDOWS_TO_CHARACTERISE * RMS_WINDOW
+    with_level = (
+        reference_gaps is not None
+        and int(np.isfinite(reference_gaps).sum()) >= WINDOWS_TO_CHARACTERISE * LEVEL_WINDOW / 2
+    )
+    # The budget is shared evenly as if the stream had every family: point, shift, rolling
+    # RMS, variance floor and missing, Mahalanobis for several channels, level for a reference.
+    # One left off (too few readings to characterise it) does not hand its share to the
+    # others: a short learning period is no reason for looser thresholds.
     families = 5 + int(channels > 1) + int(reference_gaps is not None)
     share = false_alarms_per_day / families
 
@@ -241,13 +263,13 @@ def detectors_for(
         PointConfig(threshold=1.0, gains=point_gains),
         ShiftConfig(threshold=1.0, window=SHIFT_WINDOW, gains=shift_gains),
     ]
-    if count >= WINDOWS_TO_CHARACTERISE * RMS_WINDOW:
+    if with_rms:
         detectors.append(RollingRMSConfig(threshold=1.0, window=RMS_WINDOW, gains=rms_gains))
     if count >= WINDOWS_TO_CHARACTERISE * FLOOR_WINDOW / 2 and any(floor_gains):
         detectors.append(VarianceFloorConfig(threshold=1.0, window=FLOOR_WINDOW, gains=floor_gains))
     if channels > 1:
         detectors.append(_mahalanobis(residuals, scales, budget_rate(1, 1)))
-    if reference_gaps is not None:
+    if with_level and reference_gaps is not None:
         detectors.append(_level(reference_gaps, budget_rate(LEVEL_WINDOW, 1)))
     detectors.append(_missing(missing, share, readings_per_day))
     return MonitorConfig(channels=channels, alarm=quiet, detectors=detectors), scales

@@ -56,6 +56,7 @@ DETECTOR_ORDER = (
 )
 """The order detectors run, report and keep their state in (new kinds go last: a saved state
 lists its detectors' floats in this order)."""
+LARGEST_STATISTIC = 1e300
 PER_CHANNEL = ("point", "rolling_rms", "variance_floor", "cusum", "shift")
 """Detectors that read residuals and run on each monitored channel on its own."""
 
@@ -395,7 +396,11 @@ class Monitor:
         raw, after = detector.statistics(rows, state.reshape(count * channels, size))
         weights = np.ones(channels) if gains is None else gains
         watched = weights > 0
-        per_channel = raw.reshape(count, channels, steps).transpose(0, 2, 1) * weights
+        # (A huge gain on a channel that never moved while learning must not make a statistic
+        # infinite: it is stored, exported and compared.)
+        per_channel = np.minimum(
+            raw.reshape(count, channels, steps).transpose(0, 2, 1) * weights, LARGEST_STATISTIC
+        )
         per_channel[:, :, ~watched] = np.nan
         combine = np.fmax if detector.direction == "above" else np.fmin
         statistics: FloatArray = combine.reduce(per_channel, axis=2)

@@ -28,7 +28,7 @@ import numpy as np
 
 from app.errors import AppError, DataError
 from app.forecasting.lagged import ChannelFit, LaggedLinear
-from app.learning.learn import MIN_READINGS, LearnedModel, learn
+from app.learning.learn import DEFAULT_LEARNING_READINGS, MIN_READINGS, LearnedModel, learn
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import MissingConfig, MonitorConfig
 from app.storage.repositories import readings as reading_repo
@@ -36,11 +36,11 @@ from app.storage.repositories import streams as stream_repo
 from app.streams.recurrence import DEFAULT_MAX_GAP, Readings, Recurrence, StreamState
 
 if TYPE_CHECKING:
+    from app.storage.repositories.alarms import Applied
     from app.streams.live import LiveStreams
 
 log = logging.getLogger(__name__)
 
-DEFAULT_LEARNING_READINGS = 1000
 LEARNING_MISSING = AlarmPolicy(k=3, n=10, m=10)
 """While learning: 3 of the last 10 readings missing (the learned model re-estimates it)."""
 
@@ -63,21 +63,25 @@ class LearningPlan:
             duration_s=None if duration is None else float(duration),
         )
 
-    def end(self, times: np.ndarray) -> int | None:
-        """Where learning ends among a stream's reading times so far (all of them, from its
-        first): the number of learning readings, or None if they are not all there yet."""
+    def end(
+        self, times: np.ndarray, *, first_sample: int = 0, first_time: int | None = None
+    ) -> int | None:
+        """Where learning ends, given the times of a stream's readings from sample
+        `first_sample` on (by default all of them) and its first reading's time (by default
+        the first of `times`): the number of learning readings, or None if they are not all
+        there yet."""
+        seen = first_sample + times.shape[0]
         if self.readings is not None:
-            return self.readings if times.shape[0] >= self.readings else None
+            return self.readings if seen >= self.readings else None
         assert self.duration_s is not None
-        if not times.shape[0]:
+        if not times.shape[0] or seen < MIN_READINGS:
             return None
-        until = int(times[0]) + round(self.duration_s * 1e6)
+        start = int(times[0]) if first_time is None else first_time
+        until = start + round(self.duration_s * 1e6)
         if times[-1] < until:
             return None
-        end = int(np.searchsorted(times, until, side="left"))
-        if end >= MIN_READINGS:
-            return end
-        return MIN_READINGS if times.shape[0] >= MIN_READINGS else None
+        before = first_sample + int(np.searchsorted(times, until, side="left"))
+        return max(before, MIN_READINGS)
 
     def remaining(self, samples: int, first_time: int | None, last_time: int | None) -> int:
         """Readings still to come before learning ends (for a duration: an estimate from the
@@ -128,18 +132,7 @@ class Learning:
             return False
         if self.first_time is None:
             self.first_time = int(times[0])
-        seen = first_sample + times.shape[0]
-        plan = self.plan
-        if plan.readings is not None:
-            if seen >= plan.readings:
-                self.end = plan.readings
-        else:
-            assert plan.duration_s is not None
-            until = self.first_time + round(plan.duration_s * 1e6)
-            if times[-1] >= until:
-                before = first_sample + int(np.searchsorted(times, until, side="left"))
-                if seen >= MIN_READINGS:
-                    self.end = max(before, MIN_READINGS)
+        self.end = self.plan.end(times, first_sample=first_sample, first_time=self.first_time)
         return self.end is not None
 
     def events_kept(self, sample: int) -> bool:
@@ -151,18 +144,24 @@ class Learner:
     """Fits learning streams in one background thread, each at most once at a time."""
 
     def __init__(
-        self, streams: LiveStreams, *, on_adopted: Callable[[str], None] | None = None
+        self,
+        streams: LiveStreams,
+        *,
+        on_adopted: Callable[[str, Applied], None] | None = None,
     ) -> None:
         self.streams = streams
         self.on_adopted = on_adopted
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinwatch-learn")
         self._queued: set[str] = set()
+        self._again: set[str] = set()  # asked for while queued: fit again once done
         self._guard = threading.Lock()
 
     def submit(self, stream_id: str) -> Future[None] | None:
-        """Fit the stream soon (nothing if it is queued already)."""
+        """Fit the stream soon (if it is queued already: once more after that run, which may
+        have read a configuration changed since)."""
         with self._guard:
             if stream_id in self._queued:
+                self._again.add(stream_id)
                 return None
             self._queued.add(stream_id)
         try:
@@ -187,6 +186,10 @@ class Learner:
         finally:
             with self._guard:
                 self._queued.discard(stream_id)
+                again = stream_id in self._again
+                self._again.discard(stream_id)
+        if again:
+            self.submit(stream_id)
 
     def fit(self, stream_id: str) -> bool:
         """Learn the stream from its stored learning readings and switch it to monitoring.
@@ -207,12 +210,7 @@ class Learner:
         values = np.concatenate([b.values for b in batches])[:end]
         references = None
         if has_reference:
-            references = np.concatenate(
-                [
-                    np.full(len(b.micros), np.nan) if b.references is None else b.references
-                    for b in batches
-                ]
-            )[:end]
+            references = np.concatenate([b.references_or_nan for b in batches])[:end]
         learned: LearnedModel | None = None
         error = None
         try:
@@ -228,24 +226,26 @@ class Learner:
         except (ValueError, np.linalg.LinAlgError) as exc:
             error = f"the learning readings could not be fitted: {exc}"
         try:
-            adopted = self.streams.adopt(
+            applied = self.streams.adopt(
                 stream_id, learned, error=error, end=end, generation=generation
             )
         except AppError as exc:
             log.warning("stream %s: its learned model was not adopted: %s", stream_id, exc)
             return False
-        if adopted and learned is not None:
-            log.info(
-                "stream %s learned from %d readings: %s",
-                stream_id,
-                end,
-                ", ".join(fit.kind for fit in learned.fits),
-            )
-            if self.on_adopted is not None:
-                self.on_adopted(stream_id)
-        elif adopted:
+        if applied is None:
+            return False  # reconfigured meanwhile: the change asked for another fit
+        if learned is None:
             log.warning("stream %s could not learn: %s", stream_id, error)
-        return adopted and learned is not None
+            return False
+        log.info(
+            "stream %s learned from %d readings: %s",
+            stream_id,
+            end,
+            ", ".join(fit.kind for fit in learned.fits),
+        )
+        if self.on_adopted is not None:
+            self.on_adopted(stream_id, applied)
+        return True
 
 
 @dataclass

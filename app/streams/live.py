@@ -28,9 +28,9 @@ import numpy as np
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
-from app.errors import ArtifactError, ConflictError, DataError
+from app.errors import ArtifactError, ConflictError, DataError, NotFoundError
 from app.learning.learn import LearnedModel
-from app.monitoring.alarms import AlarmPolicy
+from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import MonitorConfig
 from app.registry import AUTO, ModelRegistry, RegisteredModel
 from app.storage.db import Database
@@ -245,7 +245,7 @@ class LiveStreams:
                     )
                 expected = batch.stop
             references = (
-                np.concatenate([_references(batch) for batch in stored])
+                np.concatenate([batch.references_or_nan for batch in stored])
                 if stream.has_reference
                 else None
             )
@@ -309,7 +309,11 @@ class LiveStreams:
             recurrence = learning_recurrence(len(stream.channels))
             return _Kind(recurrence, math.inf, "learning", learning=learning)
         learned = LearnedModel.from_json(row.model)
-        monitor = with_overrides(learned.monitor, stream.detector_overrides)
+        try:
+            monitor = with_overrides(learned.monitor, stream.detector_overrides)
+        except DataError as exc:  # it did not get the detectors its overrides leave on
+            log.warning("stream %s: its overrides are not applied: %s", stream.id, exc.detail)
+            monitor = learned.monitor
         recurrence = Recurrence(learned.forecaster, monitor, max_gap=self.max_gap)
         version = f"learned-{row.fitted_at:%Y%m%dT%H%M%SZ}"
         return _Kind(
@@ -358,21 +362,26 @@ class LiveStreams:
         error: str | None,
         end: int,
         generation: datetime,
-    ) -> bool:
+    ) -> alarm_repo.Applied | None:
         """Switch a learning stream to what it learned from its first `end` readings, in one
         transaction: the model is stored, every reading is replayed through it (the learning
         readings silently, the later ones raising their alarms, which are stored), the learning
         phase's open alarms close where learning ended, and a checkpoint is written. With no
-        model (`error`), the stream keeps learning and says why. False if the stream was
-        reconfigured, deleted or has learned meanwhile."""
+        model (`error`), the stream keeps learning and says why. Returns what it did to alarm
+        rows; None if the stream was reconfigured, deleted or has learned meanwhile."""
         with self.database.session() as session:
+            # The stream's lock first, then its row: ingest holds the lock while its inserts
+            # need the row, so the other order could deadlock.
+            try:
+                self.hold(session, [stream_id])  # no request moves it meanwhile
+            except NotFoundError:
+                return None
             stream = stream_repo.get(session, stream_id, for_update=True)
             if stream is None or stream.model_name != AUTO or stream.updated_at != generation:
-                return False
+                return None
             existing = learned_repo.get(session, stream_id)
             if existing is not None and existing.model is not None:
-                return False
-            self.hold(session, [stream_id])  # no request moves it meanwhile
+                return None
             learned_repo.save(
                 session,
                 stream_id=stream_id,
@@ -385,7 +394,7 @@ class LiveStreams:
             pending.restored.pop(stream_id, None)
             pending.held[stream_id].live = None
             if learned is None:
-                return True  # restored (still learning, with its error) on its next touch
+                return alarm_repo.Applied([], [])  # still learning, with its error, next touch
 
             def time_of(sample: int) -> datetime:
                 stored = reading_repo.time_of(session, stream_id=stream_id, sample=sample)
@@ -395,27 +404,31 @@ class LiveStreams:
                     raise ConflictError(f"stream {stream_id!r} has no reading {sample}")
                 return stored
 
-            for row in alarm_repo.list_open(session, stream_id=stream_id):
-                alarm_repo.close(session, row, closed_at=time_of(end), closed_sample=end)
+            # The learning phase's open alarms end where learning ended (their incidents too).
+            ending = [
+                AlarmEvent(row.detector, row.opened_sample, end, row.peak, row.threshold, end)
+                for row in alarm_repo.list_open(session, stream_id=stream_id)
+            ]
             checkpoint_repo.delete(session, stream_id)
             live, replayed = self._restore(session, stream_id, events_from=end)
             open_events = live.recurrence.monitor.open_events(live.state.monitor)
-            alarm_repo.apply(
+            applied = alarm_repo.apply(
                 session,
                 stream_id=stream_id,
                 opened=replayed.opened,
-                closed=replayed.closed,
+                closed=ending + replayed.closed,
                 peaks={event.detector: event.peak for event in open_events},
                 time_of=time_of,
                 model_name=live.model_name,
                 model_version=live.model_version,
                 channels=live.channels,
             )
+            live.open_peaks = {event.detector: event.peak for event in open_events}
             if live.state.samples:
                 self.checkpoint(session, live, force=True)
             live.checkpoint_due = live.state.samples + self.checkpoint_every
             pending.restored[stream_id] = live
-        return True
+        return applied
 
     def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
         """Write the stream's state (and its row's reading count), unless `force` is False and
@@ -485,6 +498,12 @@ class LiveStreams:
         """The stream's live state for a read: held until `session` ends."""
         return self.hold(session, [stream.id])[0]
 
+    def peek(self, stream_id: str) -> LiveStream | None:
+        """The stream's live state if it is in memory, not held (for a listing's summary)."""
+        with self._guard:
+            slot = self._slots.get(stream_id)
+        return None if slot is None else slot.live
+
     def position(self, stream_id: str) -> tuple[int, int | None] | None:
         """(readings seen, last time) of a stream in memory; None if it is not."""
         with self._guard:
@@ -514,12 +533,6 @@ class _Kind:
     learning: Learning | None = None
     learned: LearnedModel | None = None
     quiet_until: int | None = None  # a learned stream's learning readings: no alarm before
-
-
-def _references(batch: reading_repo.StoredBatch) -> np.ndarray:
-    if batch.references is None:
-        return np.full(len(batch.micros), np.nan)
-    return batch.references
 
 
 @dataclass

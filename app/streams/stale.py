@@ -5,7 +5,9 @@ closed by its next reading. Prometheus sees it too: `twinwatch_stream_stale` and
 `twinwatch_seconds_since_reading`.
 
 Silence is measured on the server's clock, from when the stream's last readings were accepted
-(a restart counts as an arrival: nothing is known of the time the service was down).
+(a restart counts as an arrival: nothing is known of the time the service was down). The alarm's
+times are on the readings' clock, as every alarm's: it opens at the last reading's time plus the
+limit, and closes at the next reading's. A stream that never sent a reading is not stale.
 """
 
 from __future__ import annotations
@@ -14,11 +16,11 @@ import logging
 import math
 import threading
 import time
-from datetime import UTC, datetime
 
 from app.metrics import Metrics
 from app.monitoring.alarms import AlarmEvent
 from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import readings as reading_repo
 from app.streams.live import LiveStream, LiveStreams
 
 log = logging.getLogger(__name__)
@@ -87,7 +89,10 @@ class StaleWatch:
                 opened=[AlarmEvent(STALE, sample, None, silence, limit)],
                 closed=[],
                 peaks={},
-                time_of=lambda _: datetime.now(UTC),
+                # On the readings' clock, as every alarm time: its last reading, plus the limit.
+                time_of=lambda _: reading_repo.datetime_at(
+                    (live.state.last_time or 0) + round(limit * 1e6)
+                ),
                 model_name=live.model_name,
                 model_version=live.model_version,
             )

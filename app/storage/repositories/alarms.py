@@ -19,6 +19,11 @@ from app.storage.repositories.pages import Page, newest_first, opened_filters
 
 log = logging.getLogger(__name__)
 
+NEVER_REJOINED = ("stale",)
+"""Each silence of a stream is its own stale alarm (it lasts as long as the silence)."""
+MAX_GAPS = 100
+"""A re-opened alarm remembers its latest 100 quiet spells."""
+
 
 def create(
     session: Session,
@@ -113,13 +118,16 @@ def apply(
     done = Applied([], [])
     for sample, is_opening, event in actions:
         if is_opening:
+            superseded = None
             if event.detector in rows:  # left open by an earlier configuration
-                earlier = rows.pop(event.detector)
+                superseded = rows.pop(event.detector)
                 done.closed.append(
-                    close(session, earlier, closed_at=time_of(sample), closed_sample=sample)
+                    close(session, superseded, closed_at=time_of(sample), closed_sample=sample)
                 )
-                _close_incident(session, earlier, done)
-            row = _reopened(session, stream_id, event, quiet)
+                _close_incident(session, superseded, done)
+            row = None
+            if superseded is None and event.detector not in NEVER_REJOINED:
+                row = _reopened(session, stream_id, event, quiet)
             if row is None:
                 row = create(
                     session,
@@ -190,7 +198,7 @@ def _reopened(session: Session, stream_id: str, event: AlarmEvent, quiet: int) -
     ).first()
     if last is None or last.state != "closed" or not joins(last.closed_sample, event.start, quiet):
         return None
-    last.gaps = [*(last.gaps or []), [last.closed_sample, event.start]]
+    last.gaps = [*(last.gaps or []), [last.closed_sample, event.start]][-MAX_GAPS:]
     last.state = "open"
     last.closed_at = None
     last.closed_sample = None

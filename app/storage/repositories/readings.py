@@ -78,6 +78,13 @@ class StoredBatch:
     def last_t(self) -> datetime:
         return datetime_at(int(self.micros[-1]))
 
+    @property
+    def references_or_nan(self) -> np.ndarray:
+        """The references, NaN where (or, for a batch without any, wherever) there is none."""
+        if self.references is None:
+            return np.full(len(self.micros), np.nan)
+        return self.references
+
 
 @dataclass(frozen=True, slots=True)
 class StoredReading:

@@ -185,3 +185,70 @@ def test_a_restart_during_the_fit_fits_again(make_client: AppFactory) -> None:
     second = make_client(default_model="auto")
     wait_for(lambda: second.get("/v1/streams/r").json()["phase"] == "monitoring")
     assert second.get("/v1/streams/r").json()["samples_seen"] == 150
+
+
+def test_the_learning_phase_alarms_end_with_it_and_so_do_their_incidents(
+    auto_client: TestClient,
+) -> None:
+    client = auto_client
+    client.put("/v1/streams/m", json={"learning": {"readings": 200}})
+    values = 5 + np.random.default_rng(4).normal(0, 1, 400)
+    rows = [{"t": START + i, "value": float(v)} for i, v in enumerate(values)]
+    for row in rows[195:200]:
+        row["value"] = None  # the last learning readings go missing: a missing alarm
+    assert client.post("/v1/streams/m/readings", json={"readings": rows[:100]}).status_code == 200
+    assert client.get("/v1/streams/m/forecast").status_code == 409  # still learning
+    assert (
+        client.post("/v1/streams/m/readings", json={"readings": rows[100:200]}).status_code == 200
+    )
+    (missing,) = client.get("/v1/alarms", params={"stream": "m"}).json()["items"]
+    assert (missing["detector"], missing["opened_sample"]) == ("missing", 197)
+    rows[300]["value"] = 40.0  # a spike long after
+    assert client.post("/v1/streams/m/readings", json={"readings": rows[200:]}).status_code == 200
+    wait_for(lambda: client.get("/v1/streams/m").json()["phase"] == "monitoring")
+    alarms = client.get("/v1/alarms", params={"stream": "m"}).json()["items"]
+    first = next(a for a in alarms if a["id"] == missing["id"])
+    assert (first["state"], first["closed_sample"]) == ("closed", 200)
+    incidents = client.get("/v1/incidents", params={"stream": "m"}).json()["items"]
+    by_id = {i["id"]: i for i in incidents}
+    assert by_id[first["incident"]]["state"] == "closed"
+    spike = [a for a in alarms if a["opened_sample"] == 300]
+    assert spike and spike[0]["incident"] != first["incident"]
+    listed = {s["id"]: s for s in client.get("/v1/streams").json()["items"]}
+    assert listed["m"]["phase"] == "monitoring" and listed["m"]["learned_model"] is not None
+    assert client.get("/v1/streams/m/forecast").status_code == 200
+
+
+def test_a_reconfiguration_during_the_fit_fits_again(
+    auto_client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = auto_client
+    release, started = threading.Event(), threading.Event()
+    real_learn = learning_module.learn
+
+    def slow_learn(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        assert release.wait(30)
+        return real_learn(*args, **kwargs)
+
+    monkeypatch.setattr(learning_module, "learn", slow_learn)
+    client.put("/v1/streams/r", json={"learning": {"readings": 150}})
+    values = 5 + np.random.default_rng(5).normal(0, 1, 300)
+    rows = [{"t": START + i, "value": float(v)} for i, v in enumerate(values)]
+    assert client.post("/v1/streams/r/readings", json={"readings": rows}).status_code == 200
+    assert started.wait(10)
+    assert client.put("/v1/streams/r", json={"learning": {"readings": 250}}).status_code == 200
+    release.set()
+    wait_for(lambda: client.get("/v1/streams/r").json()["phase"] == "monitoring")
+    assert client.get("/v1/streams/r").json()["learned_model"]["learned_from"] == 250
+
+
+def test_a_learning_streams_overrides_name_detectors_it_may_get(auto_client: TestClient) -> None:
+    client = auto_client
+    unknown = client.put("/v1/streams/o", json={"detectors": {"cusum": {"enabled": False}}})
+    assert unknown.status_code == 422 and "cusum" in unknown.json()["detail"]
+    kinds = ("point", "shift", "rolling_rms", "variance_floor", "mahalanobis", "level", "missing")
+    every = {kind: {"enabled": False} for kind in kinds}
+    assert client.put("/v1/streams/o", json={"detectors": every}).status_code == 422
+    named = client.put("/v1/streams/o", json={"model": "lstm-seed0", "false_alarms_per_day": 2})
+    assert named.status_code == 422
