@@ -378,6 +378,10 @@ class LearnedModelOut(BaseModel):
     sample_period_s: float
     seasons: list[int] = Field(description="Seasonal periods found (readings).")
     channels: dict[str, ChannelModelOut]
+    revisions: int = Field(0, description="Times its thresholds were fitted again since.")
+    thresholds_from: int | None = Field(
+        None, description="The sample its current thresholds apply from."
+    )
 
 
 class StreamOut(BaseModel):

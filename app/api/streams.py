@@ -206,6 +206,8 @@ def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[st
                 fitted_at=row.fitted_at if row is not None else utcnow(),
                 sample_period_s=learned.sample_period_s,
                 seasons=learned.seasons,
+                revisions=0 if row is None else len(row.revisions),
+                thresholds_from=live.revised_from,
                 channels={
                     name: ChannelModelOut.model_validate(summary)
                     for name, summary in learned.summary(list(stream.channels)).items()

@@ -3,7 +3,9 @@ normal prefix only, then every row is monitored in order.
 
 In-process (`run_in_process`), the code is the service's own: `app.learning.learn` for the fit and
 `app.streams.learning.replay` (the recurrence, with the learning readings silent) for the rows,
-as `LiveStreams.adopt` runs them. Over HTTP (`run_over_http`), a stream of model "auto" is created
+as `LiveStreams.adopt` runs them. (In-process the thresholds are not revised: the service revises them
+every ten learning periods of readings, from whichever reading its background job reaches; a
+file shorter than that, as a benchmark's usually are, is scored the same either way.) Over HTTP (`run_over_http`), a stream of model "auto" is created
 on a running service, every row is posted, and its alarms are read back.
 
 Either way the result is the alarm state of every row, as the service said it at that reading:

@@ -190,6 +190,9 @@ class LearnedModel(Base):
     fitted_at: Mapped[datetime]
     model: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
     error: Mapped[str | None] = mapped_column(String(1000))
+    # Its thresholds revised since (app/learning/adapt.py), oldest first:
+    # [{"from_sample": n, "monitor": MonitorConfig JSON}].
+    revisions: Mapped[list[Any]] = mapped_column(JSON(), default=list)
 
 
 class StreamCheckpoint(Base):

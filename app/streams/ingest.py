@@ -112,6 +112,9 @@ def ingest(
         _committed(streams, metrics, parts, outcomes, left_open)
         for live in learned_enough:
             streams.learn_if_due(live)
+        for part in parts:
+            if part.live.learned is not None and streams.revision_due(part.live):
+                streams.learn_if_due(part.live)
 
     streams.on_end(session, commit=committed)
     return outcomes

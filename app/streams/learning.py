@@ -19,7 +19,7 @@ import itertools
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -28,9 +28,12 @@ import numpy as np
 
 from app.errors import AppError, DataError
 from app.forecasting.lagged import ChannelFit, LaggedLinear
+from app.learning.adapt import revise, revision_interval
 from app.learning.learn import DEFAULT_LEARNING_READINGS, MIN_READINGS, LearnedModel, learn
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import MissingConfig, MonitorConfig
+from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.recurrence import DEFAULT_MAX_GAP, Readings, Recurrence, StreamState
@@ -180,7 +183,8 @@ class Learner:
 
     def _run(self, stream_id: str) -> None:
         try:
-            self.fit(stream_id)
+            if not self.fit(stream_id):
+                self.revise(stream_id)
         except Exception:
             log.exception("learning stream %s failed", stream_id)
         finally:
@@ -191,6 +195,58 @@ class Learner:
         if again:
             self.submit(stream_id)
 
+    def revise(self, stream_id: str) -> bool:
+        """Fit a learned stream's thresholds again on its normal readings since it learned
+        (app/learning/adapt.py) and adopt them from its next reading on. Returns whether it
+        did (nothing to do: not learned, not due)."""
+        with self.streams.database.session() as session:
+            stream = stream_repo.get(session, stream_id)
+            row = learned_repo.get(session, stream_id)
+            if stream is None or row is None or row.model is None:
+                return False
+            learned = LearnedModel.from_json(row.model)
+            fitted_at, revisions = row.fitted_at, len(row.revisions)
+            since = row.revisions[-1]["from_sample"] if row.revisions else row.learned_from
+            if reading_repo.count(session, stream_id=stream_id) < since + revision_interval(
+                learned
+            ):
+                return False
+            batches = reading_repo.batches_from(session, stream_id=stream_id)
+            spans = alarm_repo.spans(session, stream_id=stream_id)
+            has_reference = stream.has_reference
+        if not batches or batches[-1].stop < since + revision_interval(learned):
+            return False
+        times = np.concatenate([b.micros for b in batches])
+        values = np.concatenate([b.values for b in batches])
+        references = (
+            np.concatenate([b.references_or_nan for b in batches]) if has_reference else None
+        )
+        placeholder = MonitorConfig(channels=values.shape[1], detectors=[MissingConfig()])
+        recurrence = Recurrence(learned.forecaster, placeholder)
+        result = recurrence.advance(
+            [recurrence.new_state()],
+            Readings.of_one(times, values, references),
+            [learned.sample_period_s],
+        ).stream(0)
+        normal = result.monitored.copy()
+        normal[: row.learned_from] = False
+        for start, stop in spans:  # never evidence of normal: what an alarm covered
+            normal[start : len(normal) if stop is None else stop] = False
+        monitor = revise(
+            learned,
+            result.residuals,
+            values,
+            normal=normal,
+            missing=np.isnan(values).any(axis=1).astype(np.float64),
+            reference_gaps=None if references is None else result.reference_gap,
+        )
+        adopted = self.streams.adopt_revision(
+            stream_id, monitor, fitted_at=fitted_at, revisions=revisions
+        )
+        if adopted:
+            log.info("stream %s: thresholds revised on %d normal readings", stream_id, normal.sum())
+        return adopted
+
     def fit(self, stream_id: str) -> bool:
         """Learn the stream from its stored learning readings and switch it to monitoring.
         Returns whether it now monitors."""
@@ -198,6 +254,9 @@ class Learner:
             stream = stream_repo.get(session, stream_id)
             if stream is None:
                 return False
+            learned_row = learned_repo.get(session, stream_id)
+            if learned_row is not None and learned_row.model is not None:
+                return False  # learned already
             generation = stream.updated_at
             plan = LearningPlan.of(stream.learning)
             batches = reading_repo.batches_from(session, stream_id=stream_id)
@@ -264,16 +323,20 @@ def replay(
     *,
     quiet_until: int | None = None,
     events_from: int | None = None,
+    revisions: Sequence[tuple[int, Recurrence]] = (),
 ) -> Replayed:
     """Advance one stream by its readings (one stream's, in order). Readings before sample
     `quiet_until` (a learned stream's learning period) raise nothing: its rules are reset after
-    them. Returns the events raised from sample `events_from` on (none without it). Pure: the
-    restore after a restart, the switch to a learned model and the benchmark all run it."""
+    them. `revisions`: from which sample on the stream's thresholds were revised, and the
+    recurrence with them (`recurrence` before the first). Returns the events raised from sample
+    `events_from` on (none without it). Pure: the restore after a restart, the switch to a
+    learned model and the benchmark all run it."""
     replayed = Replayed()
     total = int(readings.counts[0])
-    cuts = [0, total]
-    if quiet_until is not None and state.samples < quiet_until < state.samples + total:
-        cuts = [0, quiet_until - state.samples, total]
+    first = state.samples
+    marks = [quiet_until] if quiet_until is not None else []
+    marks += [start for start, _ in revisions]
+    cuts = sorted({0, total, *(m - first for m in marks if first < m < first + total)})
     for start, stop in itertools.pairwise(cuts):
         part = Readings(
             np.array([stop - start]),
@@ -281,9 +344,13 @@ def replay(
             readings.values[start:stop],
             None if readings.references is None else readings.references[start:stop],
         )
-        result = recurrence.advance([state], part, [period]).stream(0)
+        current = recurrence
+        for begins, revised in revisions:
+            if begins <= first + start:
+                current = revised
+        result = current.advance([state], part, [period]).stream(0)
         if quiet_until is not None and state.samples <= quiet_until:
-            recurrence.monitor.quiet(state.monitor)
+            current.monitor.quiet(state.monitor)
         elif events_from is not None:
             replayed.opened += [e for e in result.opened if e.start >= events_from]
             replayed.closed += [e for e in result.closed if (e.cleared_at or 0) >= events_from]

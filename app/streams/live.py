@@ -29,6 +29,7 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
 from app.errors import ArtifactError, ConflictError, DataError, NotFoundError
+from app.learning.adapt import revision_interval
 from app.learning.learn import LearnedModel
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import MonitorConfig
@@ -101,6 +102,7 @@ class LiveStream:
     open_peaks: dict[str, float] = field(default_factory=dict)
     learning: Learning | None = None  # a stream of model "auto" that has not learned yet
     learned: LearnedModel | None = None  # what a stream of model "auto" learned
+    revised_from: int = 0  # a learned stream: the sample its current thresholds apply from
     # When its last readings were accepted (time.monotonic), and the sample at which its open
     # stale alarm began, if it has one (app/streams/stale.py).
     last_arrival: float = field(default_factory=time.monotonic)
@@ -256,12 +258,13 @@ class LiveStreams:
                 references,
             )
             replayed = replay(
-                recurrence,
+                recurrence if kind.base is None else kind.base,
                 state,
                 readings,
                 period,
                 quiet_until=kind.quiet_until,
                 events_from=events_from,
+                revisions=kind.revisions,
             )
         live = LiveStream(
             stream_id=stream.id,
@@ -276,6 +279,7 @@ class LiveStreams:
             open_peaks={e.detector: e.peak for e in recurrence.monitor.open_events(state.monitor)},
             learning=kind.learning,
             learned=kind.learned,
+            revised_from=kind.revisions[-1][0] if kind.revisions else (kind.quiet_until or 0),
             stale_since=next(
                 (
                     row.opened_sample
@@ -314,14 +318,24 @@ class LiveStreams:
         except DataError as exc:  # it did not get the detectors its overrides leave on
             log.warning("stream %s: its overrides are not applied: %s", stream.id, exc.detail)
             monitor = learned.monitor
-        recurrence = Recurrence(learned.forecaster, monitor, max_gap=self.max_gap)
+        forecaster = learned.forecaster
+        base = Recurrence(forecaster, monitor, max_gap=self.max_gap)
+        revisions = []
+        for revision in row.revisions:
+            revised = MonitorConfig.model_validate(revision["monitor"])
+            if monitor is not learned.monitor:  # (the overrides apply)
+                revised = with_overrides(revised, stream.detector_overrides)
+            recurrence = Recurrence(forecaster, revised, max_gap=self.max_gap)
+            revisions.append((int(revision["from_sample"]), recurrence))
         version = f"learned-{row.fitted_at:%Y%m%dT%H%M%SZ}"
         return _Kind(
-            recurrence,
+            revisions[-1][1] if revisions else base,
             learned.sample_period_s,
             version,
             learned=learned,
             quiet_until=row.learned_from,
+            base=base,
+            revisions=revisions,
         )
 
     # -- what changes a stream --
@@ -430,6 +444,42 @@ class LiveStreams:
             pending.restored[stream_id] = live
         return applied
 
+    def revision_due(self, live: LiveStream) -> bool:
+        """Whether a learned stream has seen enough readings since its thresholds were last
+        fitted to fit them again (app/learning/adapt.py)."""
+        learned = live.learned
+        return learned is not None and (
+            live.state.samples >= live.revised_from + revision_interval(learned)
+        )
+
+    def adopt_revision(
+        self, stream_id: str, monitor: MonitorConfig, *, fitted_at: datetime, revisions: int
+    ) -> bool:
+        """Revised thresholds for a learned stream, from its next reading on. False if it
+        learned again or was revised meanwhile (`fitted_at`, `revisions`: what the revision
+        was computed from)."""
+        with self.database.session() as session:
+            try:
+                live = self.hold(session, [stream_id])[0]
+            except NotFoundError:
+                return False
+            row = learned_repo.get(session, stream_id)
+            if row is None or row.fitted_at != fitted_at or len(row.revisions) != revisions:
+                return False
+            learned_repo.add_revision(
+                session,
+                row,
+                from_sample=live.state.samples,
+                monitor=monitor.model_dump(mode="json"),
+            )
+            if live.state.samples:
+                self.checkpoint(session, live, force=False)
+            pending = _pending(session)
+            pending.restored.pop(stream_id, None)
+            pending.held[stream_id].live = None
+            pending.restored[stream_id] = self._restore(session, stream_id)[0]
+        return True
+
     def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
         """Write the stream's state (and its row's reading count), unless `force` is False and
         it is saved already. Call it holding the stream."""
@@ -485,11 +535,11 @@ class LiveStreams:
 
     def learn_if_due(self, live: LiveStream) -> None:
         """Ask for the stream's fit if it has all its learning readings (and no failed fit of
-        them: that one waits for a reconfiguration)."""
+        them: that one waits for a reconfiguration), or for its thresholds' revision if that is
+        due."""
         learning = live.learning
-        if learning is None or learning.end is None or learning.error is not None:
-            return
-        if self.on_learning_due is not None:
+        due = self.revision_due(live) if learning is None else learning.end is not None
+        if due and (learning is None or learning.error is None) and self.on_learning_due:
             self.on_learning_due(live.stream_id)
 
     # -- reads --
@@ -527,12 +577,14 @@ class LiveStreams:
 class _Kind:
     """What processes a stream (see `LiveStreams._kind`)."""
 
-    recurrence: Recurrence
+    recurrence: Recurrence  # the one its next readings go through
     sample_period_s: float
     version: str
     learning: Learning | None = None
     learned: LearnedModel | None = None
     quiet_until: int | None = None  # a learned stream's learning readings: no alarm before
+    base: Recurrence | None = None  # a revised stream's recurrence before its first revision
+    revisions: list[tuple[int, Recurrence]] = field(default_factory=list)
 
 
 @dataclass

@@ -272,6 +272,13 @@ def require(session: Session, alarm_id: int) -> Alarm:
     return alarm
 
 
+def spans(session: Session, *, stream_id: str) -> list[tuple[int, int | None]]:
+    """Every alarm of the stream as [opened_sample, closed_sample) (None: still open), gaps
+    included: the readings its alarms covered."""
+    statement = select(Alarm.opened_sample, Alarm.closed_sample).where(Alarm.stream_id == stream_id)
+    return [(int(a), None if b is None else int(b)) for a, b in session.execute(statement)]
+
+
 def list_open(session: Session, *, stream_id: str | None = None) -> list[Alarm]:
     """Open alarms (of one stream, or of all), one per stream and detector at most."""
     statement = select(Alarm).where(Alarm.state == "open")

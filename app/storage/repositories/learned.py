@@ -33,8 +33,15 @@ def save(
     row.fitted_at = fitted_at
     row.model = model
     row.error = None if error is None else error[:1000]
+    row.revisions = []
     session.flush()
     return row
+
+
+def add_revision(session: Session, row: LearnedModel, *, from_sample: int, monitor: Any) -> None:
+    """Revised thresholds, from sample `from_sample` on."""
+    row.revisions = [*row.revisions, {"from_sample": from_sample, "monitor": monitor}]
+    session.flush()
 
 
 def delete(session: Session, stream_id: str) -> None:

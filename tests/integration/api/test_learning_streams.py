@@ -252,3 +252,28 @@ def test_a_learning_streams_overrides_name_detectors_it_may_get(auto_client: Tes
     assert client.put("/v1/streams/o", json={"detectors": every}).status_code == 422
     named = client.put("/v1/streams/o", json={"model": "lstm-seed0", "false_alarms_per_day": 2})
     assert named.status_code == 422
+
+
+def test_thresholds_are_revised_on_normal_readings_and_survive_a_restart(
+    make_client: AppFactory,
+) -> None:
+    client = make_client(default_model="auto")
+    client.put("/v1/streams/v", json={"learning": {"readings": 100}})
+    values = 5 + np.random.default_rng(6).normal(0, 1, 1400)
+    rows = [{"t": START + i, "value": float(v)} for i, v in enumerate(values)]
+    assert client.post("/v1/streams/v/readings", json={"readings": rows[:100]}).status_code == 200
+    wait_for(lambda: client.get("/v1/streams/v").json()["phase"] == "monitoring")
+    before = client.get("/v1/streams/v").json()["live"]["detectors"]
+    assert (
+        client.post("/v1/streams/v/readings", json={"readings": rows[100:1200]}).status_code == 200
+    )
+    wait_for(lambda: client.get("/v1/streams/v").json()["learned_model"]["revisions"] == 1)
+    learned = client.get("/v1/streams/v").json()["learned_model"]
+    assert learned["thresholds_from"] == 1200  # from the next reading on
+    after = client.get("/v1/streams/v").json()["live"]["detectors"]
+    assert set(after) == set(before)
+    client.__exit__(None, None, None)
+    again = make_client(default_model="auto")
+    assert again.post("/v1/streams/v/readings", json={"readings": rows[1200:]}).status_code == 200
+    stream = again.get("/v1/streams/v").json()
+    assert stream["samples_seen"] == 1400 and stream["learned_model"]["revisions"] == 1

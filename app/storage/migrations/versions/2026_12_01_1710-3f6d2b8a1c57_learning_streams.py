@@ -27,6 +27,7 @@ def upgrade() -> None:
         sa.Column("fitted_at", UTCDateTime(), nullable=False),
         sa.Column("model", sa.JSON(none_as_null=True), nullable=True),
         sa.Column("error", sa.String(length=1000), nullable=True),
+        sa.Column("revisions", sa.JSON(), nullable=False),
         sa.ForeignKeyConstraint(
             ["stream_id"],
             ["streams.id"],
