@@ -1,6 +1,7 @@
 """The built-in twin with no trained model: a stream of model "auto" (with the reference
 sensor) learns from one hour of clean readings, then meets the lab record's four faults and a
-clean simulated day. The service's own code: `learn`, then `replay` (as `LiveStreams.adopt`).
+clean simulated day. The service's own code: `learn`, then `monitor_revising` (the replay
+`LiveStreams.adopt` runs, thresholds revised as `Learner.revise` does).
 
     .venv/bin/python bench/twin_auto.py [--seed-lab 0] [--seed-day 1]
 
@@ -15,11 +16,11 @@ from collections import Counter
 
 import numpy as np
 
-from app.learning.learn import learn
+from app.learning.learn import LearnedModel, learn
 from app.monitoring.incidents import incident_spans
 from app.simulation.faults import LAB_FAULTS, inject_faults
 from app.simulation.twin import simulate
-from app.streams.learning import replay
+from app.streams.learning import monitor_revising
 from app.streams.recurrence import Readings
 
 HOUR = 36_000  # readings at 10 Hz
@@ -29,20 +30,15 @@ def micros(count: int) -> np.ndarray:
     return (np.arange(count) * 100_000 + 1_700_000_000_000_000).astype(np.int64)
 
 
-def run(values: np.ndarray, references: np.ndarray) -> tuple[object, list]:
+def run(values: np.ndarray, references: np.ndarray) -> tuple[LearnedModel, list, int]:
+    """Learn from the first hour, then every reading as the service would (thresholds revised
+    every ten hours): the learned model, the events, how many revisions."""
     times = micros(values.shape[0])
     learned = learn(times[:HOUR], values[:HOUR], references=references[:HOUR])
-    recurrence = learned.recurrence()
-    state = recurrence.new_state()
-    replayed = replay(
-        recurrence,
-        state,
-        Readings.of_one(times, values, references),
-        learned.sample_period_s,
-        quiet_until=HOUR,
-        events_from=HOUR,
+    events, revisions = monitor_revising(
+        learned, Readings.of_one(times, values, references), learned_from=HOUR
     )
-    return learned, replayed.closed + recurrence.monitor.open_events(state.monitor)
+    return learned, events, len(revisions)
 
 
 def main() -> None:
@@ -55,7 +51,7 @@ def main() -> None:
         f.model_copy(update={"start": f.start + HOUR, "end": f.end + HOUR}) for f in LAB_FAULTS
     ]
     lab = inject_faults(args.seed_lab, HOUR + 8500, faults)
-    learned, events = run(lab.value, lab.reference)
+    learned, events, _ = run(lab.value, lab.reference)
     print("learned:", [fit.kind for fit in learned.fits], "seasons", learned.seasons)
     print("detectors:", [d.kind for d in learned.monitor.detectors])
     incidents = incident_spans(events)
@@ -70,10 +66,11 @@ def main() -> None:
     normal = [i for i in incidents if not any(f.start <= i[0] < f.end + 90 for f in faults)]
     print(f"lab record: {len(incidents)} incidents, {len(normal)} on normal readings")
     day = simulate(args.seed_day, HOUR + 864_000)
-    _, events = run(day.value, day.reference)
+    _, events, revised = run(day.value, day.reference)
     print(
         f"clean day (seed {args.seed_day}): {len(incident_spans(events))} false-alarm "
-        f"incidents, alarms by detector {dict(Counter(e.detector for e in events))}"
+        f"incidents, alarms by detector {dict(Counter(e.detector for e in events))}, "
+        f"thresholds revised {revised} time(s)"
     )
     print(f"{time.perf_counter() - started:.1f} s")
 

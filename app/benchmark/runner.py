@@ -1,12 +1,12 @@
 """One labelled file through twinwatch as a user would run it: the stream learns from the file's
 normal prefix only, then every row is monitored in order.
 
-In-process (`run_in_process`), the code is the service's own: `app.learning.learn` for the fit and
-`app.streams.learning.replay` (the recurrence, with the learning readings silent) for the rows,
-as `LiveStreams.adopt` runs them. (In-process the thresholds are not revised: the service revises them
-every ten learning periods of readings, from whichever reading its background job reaches; a
-file shorter than that, as a benchmark's usually are, is scored the same either way.) Over HTTP (`run_over_http`), a stream of model "auto" is created
-on a running service, every row is posted, and its alarms are read back.
+In-process (`run_in_process`), the code is the service's own: `app.learning.learn` for the fit,
+then `monitor_revising` (the recurrence with the learning readings silent, as `LiveStreams.adopt`
+runs it, and the thresholds revised every ten learning periods, as `Learner.revise` does; the
+service applies a revision from whichever reading its background job reaches, this from the
+revision point). Over HTTP (`run_over_http`), a stream of model "auto" is created on a running
+service, every row is posted, and its alarms are read back.
 
 Either way the result is the alarm state of every row, as the service said it at that reading:
 alarmed from the reading that opened an alarm up to the one that closed it, except where a
@@ -26,9 +26,8 @@ import numpy as np
 from app.benchmark.datasets import LabelledFile
 from app.errors import AppError, DataError
 from app.learning.learn import LearnedModel, learn
-from app.monitoring.alarms import AlarmEvent
 from app.monitoring.incidents import incident_spans
-from app.streams.learning import replay
+from app.streams.learning import monitor_revising
 from app.streams.recurrence import Readings
 from app.twin.client import ServiceClient
 
@@ -62,17 +61,9 @@ def run_in_process(
         )
     except DataError as exc:
         return FileRun(alarmed, error=exc.detail)
-    recurrence = learned.recurrence()
-    state = recurrence.new_state()
-    replayed = replay(
-        recurrence,
-        state,
-        Readings.of_one(labelled.times, labelled.values),
-        learned.sample_period_s,
-        quiet_until=learn_rows,
-        events_from=learn_rows,
+    events, _ = monitor_revising(
+        learned, Readings.of_one(labelled.times, labelled.values), learned_from=learn_rows
     )
-    events: list[AlarmEvent] = replayed.closed + recurrence.monitor.open_events(state.monitor)
     for event in events:  # what the service said at each reading (a re-opened alarm's gaps too)
         _span(alarmed, event.start, event.cleared_at)
     return FileRun(

@@ -31,6 +31,7 @@ from app.forecasting.lagged import ChannelFit, LaggedLinear
 from app.learning.adapt import revise, revision_interval
 from app.learning.learn import DEFAULT_LEARNING_READINGS, MIN_READINGS, LearnedModel, learn
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
+from app.monitoring.incidents import alarm_spans
 from app.monitoring.monitor import MissingConfig, MonitorConfig
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import learned as learned_repo
@@ -355,3 +356,73 @@ def replay(
             replayed.opened += [e for e in result.opened if e.start >= events_from]
             replayed.closed += [e for e in result.closed if (e.cleared_at or 0) >= events_from]
     return replayed
+
+
+def monitor_revising(
+    learned: LearnedModel,
+    readings: Readings,
+    *,
+    learned_from: int,
+) -> tuple[list[AlarmEvent], list[tuple[int, MonitorConfig]]]:
+    """One stream's readings from its first through its learned model as the service runs
+    them, its thresholds revised at each revision point (on the readings before it that no
+    alarm covered) and applied from there: the events (closed, then still open) and the
+    revisions. Pure; the service adopts a revision from whichever reading its background job
+    reaches, this from the revision point itself."""
+    total = int(readings.counts[0])
+    interval = revision_interval(learned)
+    revisions: list[tuple[int, MonitorConfig]] = []
+    missing = np.isnan(readings.values).any(axis=1).astype(np.float64)
+    while True:
+        base = learned.recurrence()
+        state = base.new_state()
+        stages = [(start, Recurrence(learned.forecaster, config)) for start, config in revisions]
+        point = (revisions[-1][0] if revisions else learned_from) + interval
+        stop = min(total, point)
+        replayed = replay(
+            base,
+            state,
+            _first(readings, stop),
+            learned.sample_period_s,
+            quiet_until=learned_from,
+            events_from=learned_from,
+            revisions=stages,
+        )
+        current = stages[-1][1] if stages else base
+        events = replayed.closed + current.monitor.open_events(state.monitor)
+        if stop == total:
+            return events, revisions
+        residuals = Recurrence(
+            learned.forecaster,
+            MonitorConfig(channels=readings.values.shape[1], detectors=[MissingConfig()]),
+        )
+        result = residuals.advance(
+            [residuals.new_state()], _first(readings, stop), [learned.sample_period_s]
+        ).stream(0)
+        normal = result.monitored.copy()
+        normal[:learned_from] = False
+        for _, start, end in alarm_spans(events):  # as the alarm rows hold them, gaps and all
+            normal[start : stop if end is None else end] = False
+        revisions.append(
+            (
+                stop,
+                revise(
+                    learned,
+                    result.residuals,
+                    readings.values[:stop],
+                    normal=normal,
+                    missing=missing[:stop],
+                    reference_gaps=None if readings.references is None else result.reference_gap,
+                ),
+            )
+        )
+
+
+def _first(readings: Readings, count: int) -> Readings:
+    """One stream's first `count` readings."""
+    return Readings(
+        np.array([count]),
+        readings.times[:count],
+        readings.values[:count],
+        None if readings.references is None else readings.references[:count],
+    )

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from app.learning.adapt import MOST_GAIN, revise, revision_interval
+from app.learning.adapt import MOST_GAIN, revise
 from app.learning.learn import LearnedModel, learn
 from app.monitoring.incidents import incident_spans
 from app.simulation.faults import Fault, FaultType, inject_faults
 from app.simulation.twin import simulate
-from app.streams.learning import replay
+from app.streams.learning import monitor_revising
 from app.streams.recurrence import Readings
 
 LEARN = 6000  # ten minutes of the twin at 10 Hz
@@ -62,57 +62,13 @@ def test_revised_thresholds_stay_between_once_and_twice_the_learned() -> None:
 
 
 def stream_with_revisions(values: np.ndarray, refs: np.ndarray) -> list[tuple[int, int | None]]:
-    """The service's cycle, in pure code: learn, monitor, and every revision interval re-fit
-    the thresholds on the normal readings since (those no alarm covered), applied from then."""
+    """Learn, then monitor as the service does, thresholds revised along the way."""
     learned = learn(micros(LEARN), values[:LEARN], references=refs[:LEARN])
-    interval = revision_interval(learned)
-    revisions: list[tuple[int, object]] = []
-    events: list = []
-    at = LEARN + interval
-    while True:
-        recurrence = learned.recurrence()
-        state = recurrence.new_state()
-        stages = [(start, learned_with(learned, monitor)) for start, monitor in revisions]
-        stop = min(at, len(values))
-        replayed = replay(
-            recurrence,
-            state,
-            Readings.of_one(micros(stop), values[:stop], refs[:stop]),
-            0.1,
-            quiet_until=LEARN,
-            events_from=LEARN,
-            revisions=stages,
-        )
-        events = replayed.closed + (stages[-1][1] if stages else recurrence).monitor.open_events(
-            state.monitor
-        )
-        if stop == len(values):
-            return incident_spans(events)
-        result = residuals_of(learned, values[:stop], refs[:stop])
-        normal = result.monitored.copy()  # type: ignore[attr-defined]
-        normal[:LEARN] = False
-        for event in events:
-            normal[event.start : stop if event.cleared_at is None else event.cleared_at] = False
-        revisions.append(
-            (
-                stop,
-                revise(
-                    learned,
-                    result.residuals,  # type: ignore[attr-defined]
-                    values[:stop, None],
-                    normal=normal,
-                    missing=np.zeros(stop),
-                    reference_gaps=result.reference_gap,  # type: ignore[attr-defined]
-                ),
-            )
-        )
-        at += interval
-
-
-def learned_with(learned: LearnedModel, monitor: object) -> object:
-    from app.streams.recurrence import Recurrence
-
-    return Recurrence(learned.forecaster, monitor)  # type: ignore[arg-type]
+    events, revisions = monitor_revising(
+        learned, Readings.of_one(micros(len(values)), values, refs), learned_from=LEARN
+    )
+    assert len(revisions) >= 3  # (each one on normal readings only)
+    return incident_spans(events)
 
 
 def test_a_slow_drift_and_a_gain_change_are_caught_despite_the_revisions() -> None:
