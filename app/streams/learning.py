@@ -222,30 +222,17 @@ class Learner:
         references = (
             np.concatenate([b.references_or_nan for b in batches]) if has_reference else None
         )
-        placeholder = MonitorConfig(channels=values.shape[1], detectors=[MissingConfig()])
-        recurrence = Recurrence(learned.forecaster, placeholder)
-        result = recurrence.advance(
-            [recurrence.new_state()],
-            Readings.of_one(times, values, references),
-            [learned.sample_period_s],
-        ).stream(0)
-        normal = result.monitored.copy()
-        normal[: row.learned_from] = False
-        for start, stop in spans:  # never evidence of normal: what an alarm covered
-            normal[start : len(normal) if stop is None else stop] = False
-        monitor = revise(
+        monitor = revised_monitor(
             learned,
-            result.residuals,
-            values,
-            normal=normal,
-            missing=np.isnan(values).any(axis=1).astype(np.float64),
-            reference_gaps=None if references is None else result.reference_gap,
+            Readings.of_one(times, values, references),
+            learned_from=row.learned_from,
+            covered=spans,
         )
         adopted = self.streams.adopt_revision(
             stream_id, monitor, fitted_at=fitted_at, revisions=revisions
         )
         if adopted:
-            log.info("stream %s: thresholds revised on %d normal readings", stream_id, normal.sum())
+            log.info("stream %s: thresholds revised on its readings to %d", stream_id, len(times))
         return adopted
 
     def fit(self, stream_id: str) -> bool:
@@ -372,7 +359,6 @@ def monitor_revising(
     total = int(readings.counts[0])
     interval = revision_interval(learned)
     revisions: list[tuple[int, MonitorConfig]] = []
-    missing = np.isnan(readings.values).any(axis=1).astype(np.float64)
     while True:
         base = learned.recurrence()
         state = base.new_state()
@@ -392,30 +378,41 @@ def monitor_revising(
         events = replayed.closed + current.monitor.open_events(state.monitor)
         if stop == total:
             return events, revisions
-        residuals = Recurrence(
-            learned.forecaster,
-            MonitorConfig(channels=readings.values.shape[1], detectors=[MissingConfig()]),
+        covered = [(start, end) for _, start, end in alarm_spans(events)]
+        config = revised_monitor(
+            learned, _first(readings, stop), learned_from=learned_from, covered=covered
         )
-        result = residuals.advance(
-            [residuals.new_state()], _first(readings, stop), [learned.sample_period_s]
-        ).stream(0)
-        normal = result.monitored.copy()
-        normal[:learned_from] = False
-        for _, start, end in alarm_spans(events):  # as the alarm rows hold them, gaps and all
-            normal[start : stop if end is None else end] = False
-        revisions.append(
-            (
-                stop,
-                revise(
-                    learned,
-                    result.residuals,
-                    readings.values[:stop],
-                    normal=normal,
-                    missing=missing[:stop],
-                    reference_gaps=None if readings.references is None else result.reference_gap,
-                ),
-            )
-        )
+        revisions.append((stop, config))
+
+
+def revised_monitor(
+    learned: LearnedModel,
+    readings: Readings,
+    *,
+    learned_from: int,
+    covered: Sequence[tuple[int, int | None]],
+) -> MonitorConfig:
+    """The learned monitor with its thresholds fitted again (`app.learning.adapt.revise`) on
+    one stream's readings from its first: their residuals under the learned model, those from
+    `learned_from` on that no alarm (`covered` spans, as the alarm rows hold them) covered."""
+    values = readings.values
+    placeholder = MonitorConfig(channels=values.shape[1], detectors=[MissingConfig()])
+    recurrence = Recurrence(learned.forecaster, placeholder)
+    result = recurrence.advance(
+        [recurrence.new_state()], readings, [learned.sample_period_s]
+    ).stream(0)
+    normal = result.monitored.copy()
+    normal[:learned_from] = False
+    for start, stop in covered:  # never evidence of normal
+        normal[start : normal.shape[0] if stop is None else stop] = False
+    return revise(
+        learned,
+        result.residuals,
+        values,
+        normal=normal,
+        missing=np.isnan(values).any(axis=1).astype(np.float64),
+        reference_gaps=None if readings.references is None else result.reference_gap,
+    )
 
 
 def _first(readings: Readings, count: int) -> Readings:
