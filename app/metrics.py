@@ -6,8 +6,9 @@ reading times or request values; `track_stream` creates a stream's series at zer
 see zeros instead of gaps, and `forget_stream` drops them when the stream is deleted.
 
 The per-stream series are plain numbers in a `StreamSeries` that ingest updates once per request,
-exported by a collector at scrape time: a prometheus_client child per label set costs ~0.5 KiB
-and ~4 us per update, and a stream has 30 of them (14 KiB of a stream's 37 at 10,000 streams).
+exported by a collector at scrape time: a prometheus_client child per label set, 30 of them a
+stream, each updated on every request, cost more memory and time than the stream itself (the
+figures: docs/benchmarks.md, Memory).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ REJECT_REASONS: tuple[str, ...] = (
 )
 """Why readings of a configured stream were rejected (the `reason` label's only values)."""
 
-# Per-request ingest latency: one reading (~1 ms) up to a 10,000-reading batch (seconds).
+# Per-request ingest latency: from one reading (milliseconds) up to a 10,000-reading batch.
 INGEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 

@@ -14,8 +14,8 @@ from app.storage import migrations
 GC_THRESHOLDS = (50_000, 20, 100)
 """The cyclic collector's thresholds while serving. A request holds thousands of objects at once
 that reference counting frees (1,000 readings, or 500 streams' results): at Python's default
-(700, 10, 10) a 500-stream tick ran a dozen young collections, a third of its CPU (measured:
-67 us per stream-reading, 43 with these). Cyclic garbage waits longer, bounded by them."""
+(700, 10, 10) a tick of many streams runs a dozen young collections for nothing (the figures:
+docs/benchmarks.md). Cyclic garbage waits longer, bounded by them."""
 
 
 def tune_gc_for_serving() -> None:
