@@ -71,6 +71,12 @@ class StreamSeries:
         values = self.latest[2 * self.targets :].tolist()
         return {kind: x for kind, x in zip(self.kinds, values, strict=True) if x == x}
 
+    def count_alarms(self, opened: list[str], incidents_opened: int, incidents_closed: int) -> None:
+        for detector in opened:
+            self.alarms[detector] = self.alarms.get(detector, 0.0) + 1
+        self.incidents += incidents_opened
+        self.open_incidents = max(0.0, self.open_incidents + incidents_opened - incidents_closed)
+
     def track(self, detectors: Iterable[str]) -> None:
         for detector in detectors:
             self.alarms.setdefault(detector, 0.0)
@@ -235,12 +241,7 @@ class Metrics:
         if active or True in series.active.values():
             for detector in series.active:
                 series.active[detector] = detector in active
-        self.publish_alarms(
-            stream_id,
-            opened=opened,
-            incidents_opened=incidents_opened,
-            incidents_closed=incidents_closed,
-        )
+        series.count_alarms(opened, incidents_opened, incidents_closed)
         series.stale, series.last_arrival = False, time.time()
 
     def publish_alarms(
@@ -252,13 +253,7 @@ class Metrics:
         incidents_closed: int = 0,
     ) -> None:
         """Alarms opened (their detectors) and incidents opened and closed on the stream."""
-        series = self.track_stream(stream_id, ())
-        for detector in opened:
-            series.alarms[detector] = series.alarms.get(detector, 0.0) + 1
-        series.incidents += incidents_opened
-        series.open_incidents = max(
-            0.0, series.open_incidents + incidents_opened - incidents_closed
-        )
+        self.track_stream(stream_id, ()).count_alarms(opened, incidents_opened, incidents_closed)
 
     def publish_stale(
         self, stream_id: str, *, stale: bool, opened: int = 0, incidents_opened: int = 0

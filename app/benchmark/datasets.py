@@ -125,6 +125,8 @@ def load_file(path: Path, root: Path) -> LabelledFile:
         )
     except (ValueError, IndexError) as exc:
         raise DataError(f"{name}: a row does not parse ({exc})") from None
+    except DataError as exc:
+        raise DataError(f"{name}: {exc.detail}") from None
     if np.isinf(values).any():
         raise DataError(f"{name}: infinite numbers")
     if (np.diff(times) <= 0).any():

@@ -151,6 +151,14 @@ def _tail(sample: np.ndarray, rate: float, prior_scale: float) -> float:
     return level + scale / shape * (math.pow(ratio, shape) - 1)
 
 
+def _highest(statistics: np.ndarray, prior: float, rate: float, tail_prior: float) -> float:
+    """A threshold: the highest of the prior, the tail fitted to the learning statistics
+    (`_tail`, its scale shrunk towards `tail_prior`) and the largest statistic they reached."""
+    seen = statistics[~np.isnan(statistics)]
+    observed = float(seen.max()) if seen.size else 0.0
+    return max(prior, _finite_or(_tail(seen, rate, tail_prior), 0.0), observed)
+
+
 def _rolling(values: np.ndarray, window: int) -> np.ndarray:
     """(T, window) windows of a 1-D series (none if shorter)."""
     if values.shape[0] < window:
@@ -186,8 +194,6 @@ def detectors_for(
         inside = residual_scale(residuals[:, c], values[:, c], levels[c])
         outside = residual_scale(held[c], values[:, c], levels[c])
         scales.append(inside if inside.scale >= outside.scale else outside)
-    # point, shift, rms, floor, missing (+ mahalanobis for several channels, + level for a
-    # reference): each family an equal share
     with_rms = count >= WINDOWS_TO_CHARACTERISE * RMS_WINDOW
     with_level = (
         reference_gaps is not None
@@ -210,13 +216,9 @@ def detectors_for(
         r = residuals[:, c]
         s = scale.scale
         z = r / s
-        finite = np.abs(r[~np.isnan(r)])
-        observed = float(finite.max()) if finite.size else 0.0
-
         rate = budget_rate(1, channels)
         prior = s * float(stats.norm.isf(rate / 2))
-        tail = _tail(finite, rate, s / max(prior / s, 1.0))
-        point_gains.append(1.0 / max(prior, _finite_or(tail, 0.0), observed))
+        point_gains.append(1.0 / _highest(np.abs(r), prior, rate, s / max(prior / s, 1.0)))
 
         factor = max(
             _long_run_factor(z, SHIFT_WINDOW), _long_run_factor(held[c] / s, SHIFT_WINDOW, 1.0)
@@ -231,9 +233,8 @@ def detectors_for(
         # residuals, as correlated as they are.
         spread = s * math.sqrt(factor / SHIFT_WINDOW + factor / max(count, 1))
         prior = spread * float(stats.norm.isf(rate / 2))
-        tail = _tail(means, rate, spread / max(prior / spread, 1.0))
-        observed = float(np.nanmax(means)) if means.size and not np.isnan(means).all() else 0.0
-        shift_gains.append(1.0 / max(prior, _finite_or(tail, 0.0), observed))
+        tail_prior = spread / max(prior / spread, 1.0)
+        shift_gains.append(1.0 / _highest(means, prior, rate, tail_prior))
 
         factor = max(
             _long_run_factor(z * z - 1, RMS_WINDOW),
@@ -246,9 +247,7 @@ def detectors_for(
             RMS_SMALLEST_RISE,
             math.sqrt(1 + float(stats.norm.isf(rate)) * math.sqrt(2 * factor / RMS_WINDOW)),
         )
-        observed = float(np.nanmax(rms)) if rms.size and not np.isnan(rms).all() else 0.0
-        tail = _tail(rms, rate, s * 0.1)
-        rms_gains.append(1.0 / max(prior, _finite_or(tail, 0.0), observed))
+        rms_gains.append(1.0 / _highest(rms, prior, rate, s * 0.1))
 
         windows = _rolling(r, FLOOR_WINDOW)
         spreads = windows.std(axis=1) if windows.size else np.empty(0)
@@ -294,10 +293,7 @@ def _mahalanobis(
     covariance = shrunk * np.outer(s, s)
     precision = np.linalg.inv(shrunk)
     distances = np.einsum("ij,jk,ik->i", rows, precision, rows) if rows.size else np.empty(0)
-    prior = float(stats.chi2.isf(rate, channels))
-    observed = float(distances.max()) if distances.size else 0.0
-    tail = _tail(distances, rate, 2.0)
-    threshold = max(prior, _finite_or(tail, 0.0), observed)
+    threshold = _highest(distances, float(stats.chi2.isf(rate, channels)), rate, 2.0)
     return MahalanobisConfig(threshold=threshold, covariance=covariance.tolist())
 
 
@@ -312,9 +308,7 @@ def _level(gaps: np.ndarray, rate: float) -> LevelConfig:
     means = np.abs(windows.mean(axis=1)) if windows.size else np.empty(0)
     window_spread = spread * math.sqrt(factor / LEVEL_WINDOW)
     prior = abs(centre) + window_spread * float(stats.norm.isf(rate / 2))
-    tail = _tail(means, rate, window_spread)
-    observed = float(np.nanmax(means)) if means.size and not np.isnan(means).all() else 0.0
-    return LevelConfig(threshold=max(prior, _finite_or(tail, 0.0), observed), window=LEVEL_WINDOW)
+    return LevelConfig(threshold=_highest(means, prior, rate, window_spread), window=LEVEL_WINDOW)
 
 
 def _missing(missing: np.ndarray, share: float, readings_per_day: float) -> MissingConfig:

@@ -447,7 +447,9 @@ class Recurrence:
             gaps = np.where(
                 has_forecast & ~np.isnan(forecast[:, :, 0]), block[:, :, 0] - reference, np.nan
             )
-        missing = np.where(present, (plan.action >= _IMPUTED).astype(np.float64), np.nan)
+        missing = None
+        if "missing" in self.monitor.kinds:  # (only a monitor that watches for them)
+            missing = np.where(present, (plan.action >= _IMPUTED).astype(np.float64), np.nan)
         first_samples = [state.samples for state in states]
         watched = self.monitor.advance(
             [state.monitor for state in states],
