@@ -97,7 +97,9 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         metrics.set_models(registry)
         streams = LiveStreams(database, registry, checkpoint_every=settings.checkpoint_every)
         learner = Learner(
-            streams, on_adopted=lambda stream_id, done: _track(streams, metrics, stream_id, done)
+            streams,
+            on_adopted=lambda stream_id, done: _track(streams, metrics, stream_id, done),
+            lstm=settings.learning_lstm,
         )
         streams.on_learning_due = learner.submit
         resume_streams(database, streams, metrics)

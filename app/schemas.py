@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from http import HTTPStatus
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from fastapi.openapi.constants import REF_TEMPLATE
 from pydantic import (
     AfterValidator,
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -34,7 +36,16 @@ MAX_CHANNELS = 32
 StreamId = Annotated[str, StringConstraints(pattern=STREAM_ID_PATTERN)]
 ModelName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+"""A reading's number: a JSON number, never a string or true/false coerced into one."""
 PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+SHORTEST_PERIOD_S, LONGEST_PERIOD_S = 0.001, 86_400.0
+SamplePeriod = Annotated[
+    float, Field(ge=SHORTEST_PERIOD_S, le=LONGEST_PERIOD_S, allow_inf_nan=False)
+]
+LATEST_EPOCH_S = 2e10
+"""The latest time a number may give (seconds since the epoch: the year 2603). Larger numbers
+look like milliseconds, which are refused rather than guessed."""
 
 
 def _known_channel(name: str) -> str:
@@ -125,8 +136,11 @@ class DetectorOverride(_Body):
     enabled: bool = True
     threshold: FiniteFloat | None = Field(
         None,
-        description="Replaces the calibrated threshold. A learning stream's statistics are "
-        "multiples of its learned thresholds: 1.5 alarms at one and a half times them.",
+        gt=0,
+        description="Replaces the calibrated threshold (positive: every statistic is a size; "
+        "for `missing`, below 1: its statistic is 1 for a missing reading). A learning "
+        "stream's statistics are multiples of its learned thresholds: 1.5 alarms at one and a "
+        "half times them.",
     )
     policy: AlarmPolicy | None = Field(None, description="k-of-n to open, m quiet to close.")
 
@@ -205,15 +219,25 @@ class StreamConfig(_Body):
         allow_inf_nan=False,
         description='Model "auto" only: the false alarms a day its thresholds allow.',
     )
-    sample_period_s: PositiveSeconds | None = Field(
+    sample_period_s: SamplePeriod | None = Field(
         None,
-        description="Nominal time between readings: 0.1 s for a named model when omitted; a "
-        "learning stream infers it (the median step of its learning readings).",
+        description="Nominal time between readings, 1 ms to 1 day: 0.1 s for a named model "
+        "when omitted; a learning stream infers it (the median step of its learning readings).",
     )
     has_reference: bool = Field(
         False, description="Readings carry a redundant healthy sensor's value as `reference`."
     )
     detectors: dict[DetectorName, DetectorOverride] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _missing_threshold_below_one(self) -> Self:
+        missing = self.detectors.get("missing")
+        if missing is not None and missing.threshold is not None and missing.threshold >= 1:
+            raise ValueError(
+                "the missing detector's threshold must be below 1 (its statistic is 1 for a "
+                "missing reading, 0 otherwise): it would never alarm"
+            )
+        return self
 
 
 class AlarmOut(BaseModel):
@@ -361,8 +385,9 @@ class LearningOut(BaseModel):
 
 class ChannelModelOut(BaseModel):
     kind: str = Field(
-        description="level, naive, seasonal-naive, ar (autoregression) or ar-differenced "
-        "(autoregression of the changes)."
+        description="level, naive, seasonal-naive, ar (autoregression), ar-differenced "
+        "(autoregression of the changes) or lstm-stateful (a network, when it was tried and "
+        "forecast clearly better)."
     )
     period: int | None = Field(description="The seasonal period in readings, if it uses one.")
     validation_rmse: float | None = Field(
@@ -370,6 +395,10 @@ class ChannelModelOut(BaseModel):
     )
     naive_rmse: float | None = Field(description="The naive forecast's error there (last value).")
     residual_scale: float = Field(description="The typical size of its residuals.")
+    linear: str | None = Field(
+        None, description="For a network: the linear model it was chosen over."
+    )
+    linear_rmse: float | None = Field(None, description="That linear model's error there.")
 
 
 class LearnedModelOut(BaseModel):
@@ -378,6 +407,11 @@ class LearnedModelOut(BaseModel):
     sample_period_s: float
     seasons: list[int] = Field(description="Seasonal periods found (readings).")
     channels: dict[str, ChannelModelOut]
+    lstm: str = Field(
+        "",
+        description="What became of the stateful LSTM candidate: chosen, not chosen (both "
+        "errors), or why it was not tried.",
+    )
     revisions: int = Field(0, description="Times its thresholds were fitted again since.")
     thresholds_from: int | None = Field(
         None, description="The sample its current thresholds apply from."
@@ -445,8 +479,30 @@ class StreamList(BaseModel):
 # --- readings ----------------------------------------------------------------------------------
 
 
+def _reading_time(value: Any) -> Any:
+    """Refuse what pydantic would guess at: a number too large to be seconds (it would read it
+    as milliseconds), true/false, a number in a string."""
+    if isinstance(value, bool):
+        raise ValueError("a time is an RFC 3339 string or seconds since the Unix epoch")
+    if isinstance(value, int | float) and not 0 <= value < LATEST_EPOCH_S:
+        raise ValueError(
+            f"a time given as a number is seconds since the Unix epoch, from 0 to "
+            f"{LATEST_EPOCH_S:.0e} (the year 2603); {value!r} is not (milliseconds? divide "
+            "by 1,000)"
+        )
+    if isinstance(value, str) and _NUMERIC.fullmatch(value.strip()):
+        raise ValueError(
+            "a time given as a string is RFC 3339 with its offset; seconds since the epoch "
+            "are a JSON number"
+        )
+    return value
+
+
+_NUMERIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+
 ReadingTime = Annotated[
     AwareDatetime,
+    BeforeValidator(_reading_time),
     # What pydantic accepts, not only the string it would generate a schema for.
     WithJsonSchema({"anyOf": [{"type": "string", "format": "date-time"}, {"type": "number"}]}),
 ]
@@ -460,13 +516,13 @@ class ReadingIn(_Body):
         "seconds since the Unix epoch (UTC).",
         examples=["2026-01-01T00:00:00.1Z", 1767225600.1],
     )
-    value: FiniteFloat | None = Field(
+    value: Number | None = Field(
         None, description="The reading of a single-channel stream; null when it is missing."
     )
-    values: dict[str, FiniteFloat | None] | None = Field(
+    values: dict[str, Number | None] | None = Field(
         None, description="A multi-channel stream's readings by channel name (null: missing)."
     )
-    reference: FiniteFloat | None = Field(
+    reference: Number | None = Field(
         None,
         description="A reference that does not move with the sensor (a redundant sensor or "
         "the twin's physics prediction), for streams with has_reference.",

@@ -39,10 +39,23 @@ class Settings(BaseSettings):
         description='Model of streams that name none: "auto" (each learns its own from its '
         "first readings) or a loaded model's name (app/shipped_models/README.md).",
     )
+    learning_lstm: bool = Field(
+        False,
+        description="Learning streams of one channel with at least 10,000 learning readings "
+        "also train a stateful LSTM (needs torch: the train extra) and use it when it "
+        "forecasts clearly better. Off by default: see the README on what it costs.",
+    )
     api_token: SecretStr | None = Field(
         None, description="When set, write endpoints require `Authorization: Bearer <token>`."
     )
-    max_batch: int = Field(10_000, ge=1, description="Most readings accepted in one request.")
+    max_batch: int = Field(
+        10_000,
+        ge=1,
+        le=50_000,
+        description="Most readings accepted in one request (a stream named without readings "
+        "counts as one). At most 50,000: a request must stay within one database statement's "
+        "parameters.",
+    )
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="Largest request body.")
     max_future_s: float = Field(
         86_400.0,

@@ -81,6 +81,7 @@ async def get_session(state: StateDep) -> AsyncIterator[Session]:
         yield session
         if session.in_transaction():
             await anyio.to_thread.run_sync(session.commit)
+        state.database.outage.answered()
     except BaseException:
         await anyio.to_thread.run_sync(session.rollback)
         raise

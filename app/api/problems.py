@@ -19,6 +19,7 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.api.deps import STATE_KEY
 from app.errors import (
     AppError,
     ConflictError,
@@ -71,9 +72,17 @@ def _slug_and_title(status: int) -> tuple[str, str]:
     return phrase.lower().replace(" ", "-").replace("'", ""), phrase
 
 
+RETRY_AFTER_S = 5
+"""What a 503 asks a client to wait before it sends again (Retry-After, seconds)."""
+
+
 async def app_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, AppError)
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status == HTTPStatus.UNAUTHORIZED else None
+    headers = None
+    if exc.status == HTTPStatus.UNAUTHORIZED:
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif exc.status == HTTPStatus.SERVICE_UNAVAILABLE:
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
     return JSONResponse(
         exc.problem(instance=request.url.path),
         status_code=exc.status,
@@ -146,7 +155,9 @@ def _default_detail(exc: HTTPException, request: Request) -> str:
 async def database_error_handler(request: Request, exc: Exception) -> JSONResponse:
     """The database could not be reached or gave up mid-transaction: nothing of the request was
     stored (its transaction rolled back), so a client can send it again."""
-    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+    state = getattr(request.state, STATE_KEY, None)
+    if state is not None:
+        state.database.outage.failed(f"{request.method} {request.url.path}", exc)
     error = DatabaseError(
         f"the database is unavailable ({type(exc).__name__}); nothing was stored, it is safe "
         "to re-send"

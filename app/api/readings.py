@@ -123,11 +123,13 @@ def _ingest(
     state: AppState, session: Session, items: list[tuple[str, list[ReadingIn]]]
 ) -> list[IngestOutcome]:
     """Run the request's readings through ingest; count refused readings per stream."""
-    count = sum(len(readings) for _, readings in items)
+    # A stream with no reading costs a lookup all the same: it counts as one.
+    count = sum(max(1, len(readings)) for _, readings in items)
     try:
         if count > state.settings.max_batch:
             raise PayloadTooLargeError(
-                f"{count} readings in one request; at most {state.settings.max_batch}",
+                f"{count} readings in one request (a stream without readings counts as one); "
+                f"at most {state.settings.max_batch}",
                 reason="too_large",
             )
         return ingest(

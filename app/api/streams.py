@@ -206,6 +206,7 @@ def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[st
                 fitted_at=row.fitted_at if row is not None else utcnow(),
                 sample_period_s=learned.sample_period_s,
                 seasons=learned.seasons,
+                lstm=learned.network_note,
                 revisions=0 if row is None else len(row.revisions),
                 thresholds_from=live.revised_from,
                 channels={

@@ -73,7 +73,7 @@ def run_in_process(
             {"detector": e.detector, "opened": e.start, "closed": e.cleared_at, "peak": e.peak}
             for e in sorted(events, key=lambda e: e.start)
         ],
-        models=dict(zip(labelled.channels, (fit.kind for fit in learned.fits), strict=True)),
+        models=dict(zip(labelled.channels, learned.kinds, strict=True)),
         sample_period_s=learned.sample_period_s,
     )
 

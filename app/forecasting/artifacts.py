@@ -12,6 +12,7 @@ producing quiet nonsense forecasts.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import math
@@ -417,6 +418,30 @@ def _read_graph(directory: Path, manifest: dict[str, Any]) -> bytes:
             f"`{EXPORT_GRAPH_COMMAND} {directory}` (needs the training extra: {TRAIN_EXTRA})"
         )
     return _verified(directory, GRAPH_FILE, manifest["graph_sha256"])
+
+
+def pack_forecaster(forecaster: Forecaster) -> dict[str, Any]:
+    """A fitted forecaster as JSON: its configuration, its arrays (safetensors) and its graph,
+    base64. How a learned stream keeps its network in the database (`unpack_forecaster`)."""
+    arrays = dump_arrays(_learned_arrays(forecaster))  # first: refuses an unfitted model
+    packed = {"config": forecaster.config(), "arrays": base64.b64encode(arrays).decode("ascii")}
+    if isinstance(forecaster, NeuralForecaster):
+        packed["graph"] = base64.b64encode(forecaster.graph_.model).decode("ascii")
+    return packed
+
+
+def unpack_forecaster(packed: dict[str, Any]) -> Forecaster:
+    """The forecaster `pack_forecaster` wrote, verified as a loaded artifact is."""
+    forecaster = build_forecaster(packed["config"])
+    try:
+        arrays = load_arrays(base64.b64decode(packed["arrays"], validate=True))
+        graph = base64.b64decode(packed["graph"], validate=True) if "graph" in packed else None
+    except (KeyError, ValueError, SafetensorError) as exc:
+        raise ArtifactError(f"a packed {forecaster.kind} model is unreadable: {exc}") from exc
+    if isinstance(forecaster, NeuralForecaster) and graph is None:
+        raise ArtifactError(f"a packed {forecaster.kind} model has no graph")
+    _restore(forecaster, arrays, graph)
+    return forecaster
 
 
 def load_model(directory: str | Path) -> LoadedModel:

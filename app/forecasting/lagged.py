@@ -42,6 +42,8 @@ regression from chasing noise, costs nothing when the data say more."""
 CLEARLY_BETTER = 1.1
 """A more complex candidate replaces a simpler one only when its hold-out mean squared error is
 more than 10% lower: short hold-outs are noisy, simpler models fail more gracefully."""
+HOLDOUT = 0.25
+"""The share of the learning readings every candidate is scored on, fitted on the rest."""
 PERSISTENT = 4.0
 """A sensor whose hold-out error about its level exceeds 4 x the naive forecast's error wanders
 (its lag-1 correlation is above about 0.875): it is forecast from its last readings, never
@@ -226,9 +228,12 @@ def _candidates(
     return out
 
 
-def fit_channel(
-    series: np.ndarray, periods: list[int], *, holdout: float = 0.25
-) -> tuple[ChannelFit, np.ndarray]:
+def holdout_split(count: int) -> int:
+    """Where the held-out tail of `count` learning readings starts."""
+    return round(count * (1 - HOLDOUT))
+
+
+def fit_channel(series: np.ndarray, periods: list[int]) -> tuple[ChannelFit, np.ndarray]:
     """Choose one channel's model on its learning readings (NaN: missing): every candidate is
     fitted on the first part, scored by one-step error on the held-out tail, the simplest of
     those not clearly beaten is kept and refitted on all of it. Returns it and its residuals on
@@ -238,7 +243,7 @@ def fit_channel(
         raise ValueError("a channel has no reading to learn from")
     offset = float(np.median(finite))
     centred = series - offset
-    split = round(series.shape[0] * (1 - holdout))
+    split = holdout_split(series.shape[0])
     train, errors, unseen = centred[:split], {}, {}
     for name, (kind, lags, weights, intercept, _) in _candidates(train, periods).items():
         fit = ChannelFit(kind, tuple(lags), tuple(weights.tolist()), intercept, 0.0, 0.0, 0.0)

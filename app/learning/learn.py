@@ -11,16 +11,22 @@ stream recurrence itself (`app/streams/recurrence.py`), the code that will monit
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-from app.errors import DataError
-from app.forecasting.lagged import ChannelFit, LaggedLinear, fit_channel
+from app.errors import AppError, DataError
+from app.forecasting.artifacts import pack_forecaster, unpack_forecaster
+from app.forecasting.base import Forecaster
+from app.forecasting.lagged import ChannelFit, LaggedLinear, fit_channel, holdout_split
+from app.learning.network import NetworkCandidate, failed, judge, not_tried, train_network
 from app.learning.thresholds import ChannelScale, detectors_for
 from app.monitoring.monitor import MissingConfig, MonitorConfig
-from app.streams.recurrence import DEFAULT_MAX_GAP, Readings, Recurrence
+from app.streams.recurrence import DEFAULT_MAX_GAP, Readings, Recurrence, StreamResult
 
 LEARNED_VERSION = 1
 DEFAULT_LEARNING_READINGS = 1000
@@ -85,10 +91,23 @@ class LearnedModel:
     readings: int
     false_alarms_per_day: float
     seasons: list[int] = field(default_factory=list)
+    network: Forecaster | None = None
+    """The stateful LSTM, when it was chosen over the linear models (`fits`)."""
+    network_rmse: float = math.nan
+    network_note: str = ""
+    """What became of the LSTM candidate (app/learning/network.py)."""
 
     @property
-    def forecaster(self) -> LaggedLinear:
-        return LaggedLinear(self.fits)
+    def kinds(self) -> list[str]:
+        """Each channel's model kind."""
+        kinds: list[str] = [fit.kind for fit in self.fits]
+        if self.network is not None:
+            kinds[0] = self.network.kind
+        return kinds
+
+    @cached_property
+    def forecaster(self) -> Forecaster:
+        return self.network if self.network is not None else LaggedLinear(self.fits)
 
     def recurrence(self, *, max_gap: int = DEFAULT_MAX_GAP) -> Recurrence:
         return Recurrence(self.forecaster, self.monitor, max_gap=max_gap)
@@ -96,16 +115,26 @@ class LearnedModel:
     def summary(self, channels: list[str]) -> dict[str, Any]:
         """Per channel: the model chosen, its hold-out error beside the naive forecast's, the
         residual scale. What `GET /v1/streams/{id}` shows."""
-        return {
+        summary = {
             name: {
-                "kind": fit.kind,
+                "kind": kind,
                 "period": fit.period,
                 "validation_rmse": _number(fit.validation_rmse),
                 "naive_rmse": _number(fit.naive_rmse),
                 "residual_scale": scale.scale,
             }
-            for name, fit, scale in zip(channels, self.fits, self.scales, strict=True)
+            for name, kind, fit, scale in zip(
+                channels, self.kinds, self.fits, self.scales, strict=True
+            )
         }
+        if self.network is not None:
+            summary[channels[0]].update(
+                period=None,
+                validation_rmse=_number(self.network_rmse),
+                linear=self.fits[0].kind,
+                linear_rmse=_number(self.fits[0].validation_rmse),
+            )
+        return summary
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -117,6 +146,9 @@ class LearnedModel:
             "readings": self.readings,
             "false_alarms_per_day": self.false_alarms_per_day,
             "seasons": self.seasons,
+            "network": None if self.network is None else pack_forecaster(self.network),
+            "network_rmse": _number(self.network_rmse),
+            "network_note": self.network_note,
         }
 
     @classmethod
@@ -131,6 +163,9 @@ class LearnedModel:
             readings=int(raw["readings"]),
             false_alarms_per_day=float(raw["false_alarms_per_day"]),
             seasons=[int(x) for x in raw.get("seasons", [])],
+            network=None if raw.get("network") is None else unpack_forecaster(raw["network"]),
+            network_rmse=math.nan if raw.get("network_rmse") is None else raw["network_rmse"],
+            network_note=str(raw.get("network_note", "")),
         )
 
 
@@ -146,10 +181,12 @@ def learn(
     false_alarms_per_day: float = 1.0,
     max_gap: int = DEFAULT_MAX_GAP,
     references: np.ndarray | None = None,
+    lstm: bool = False,
 ) -> LearnedModel:
     """Learn a stream from its readings: times (R,) int64 microseconds, values (R, C), NaN for
     a missing number, and a reference sensor's readings of channel 0 (R,) if it has one.
-    DataError if they cannot teach anything."""
+    `lstm`: offer the stateful LSTM among the candidates where it may be (app/learning/
+    network.py). DataError if they cannot teach anything."""
     values = np.asarray(values, dtype=np.float64)
     if values.ndim == 1:
         values = values[:, None]
@@ -165,15 +202,18 @@ def learn(
     seasons = sorted({p for c in range(channels) for p in seasonal_periods(values[:, c], period)})
     chosen = [fit_channel(values[:, c], seasons) for c in range(channels)]
     fits = [fit for fit, _ in chosen]
-    forecaster = LaggedLinear(fits)
+    readings = Readings.of_one(np.asarray(times, dtype=np.int64), values, references)
     placeholder = MonitorConfig(channels=channels, detectors=[MissingConfig()])
-    recurrence = Recurrence(forecaster, placeholder, max_gap=max_gap)
-    block = recurrence.advance(
-        [recurrence.new_state()],
-        Readings.of_one(np.asarray(times, dtype=np.int64), values, references),
-        [period],
-    )
-    result = block.stream(0)
+
+    def through(forecaster: Forecaster) -> StreamResult:
+        recurrence = Recurrence(forecaster, placeholder, max_gap=max_gap)
+        return recurrence.advance([recurrence.new_state()], readings, [period]).stream(0)
+
+    unseen = [residuals for _, residuals in chosen]
+    candidate = _network_candidate(values, through, linear_unseen=unseen[0], wanted=lstm)
+    result = through(candidate.network or LaggedLinear(fits))
+    if candidate.network is not None:
+        unseen = [result.residuals[holdout_split(count) :, 0]]
     residuals = np.where(result.monitored[:, None], result.residuals, np.nan)
     missing = np.isnan(values).any(axis=1).astype(np.float64)
     monitor, scales = detectors_for(
@@ -184,7 +224,7 @@ def learn(
         sample_period_s=period,
         false_alarms_per_day=false_alarms_per_day,
         reference_gaps=None if references is None else result.reference_gap,
-        unseen=[residuals for _, residuals in chosen],
+        unseen=unseen,
     )
     return LearnedModel(
         fits=fits,
@@ -194,4 +234,29 @@ def learn(
         readings=count,
         false_alarms_per_day=false_alarms_per_day,
         seasons=seasons,
+        network=candidate.network,
+        network_rmse=candidate.validation_rmse,
+        network_note=candidate.note,
     )
+
+
+def _network_candidate(
+    values: np.ndarray,
+    through: Callable[[Forecaster], StreamResult],
+    *,
+    linear_unseen: np.ndarray,
+    wanted: bool,
+) -> NetworkCandidate:
+    """The LSTM candidate trained and judged against the linear model on the held-out tail
+    (both forecasts' residuals there from models that never saw it)."""
+    count, channels = values.shape
+    why_not = not_tried(count, channels, wanted=wanted)
+    if why_not is not None:
+        return NetworkCandidate(None, math.nan, why_not)
+    split = holdout_split(count)
+    try:
+        network = train_network(values, split)
+    except AppError as exc:
+        return failed(exc)
+    held = through(network).residuals[split:, 0]
+    return judge(network, float(np.nanmean(held**2)), float(np.nanmean(linear_unseen**2)))

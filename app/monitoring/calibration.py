@@ -56,6 +56,7 @@ MIN_EVENTS = 10
 """An empirical event rate needs this many events in the hold-out; fewer, and the tail is fitted."""
 
 _NEVER = 1e300  # a threshold no statistic reaches: for computing statistics only
+_NEVER_BELOW = 5e-324  # the smallest positive threshold: for a detector alarming below it
 CUSUM_CLIP = 9.0  # bounded CUSUM evidence per sample: 3 sigma (see CusumDetector)
 
 
@@ -144,7 +145,7 @@ def _placeholder_config(holdout: HoldOut, settings: DetectorSettings) -> Monitor
     detectors: list[DetectorConfig] = [
         PointConfig(threshold=_NEVER),
         RollingRMSConfig(threshold=_NEVER, window=settings.rms_window),
-        VarianceFloorConfig(threshold=-_NEVER, window=settings.floor_window),
+        VarianceFloorConfig(threshold=_NEVER_BELOW, window=settings.floor_window),
         CusumConfig(
             threshold=_NEVER, sigma=sigma, kappa=settings.cusum_kappa, clip=settings.cusum_clip
         ),

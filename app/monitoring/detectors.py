@@ -365,7 +365,10 @@ class MahalanobisDetector(Detector):
         which sensors pulled the vector out of the ellipse (the terms add up to d^2; a term
         can be negative when a channel moved the way its correlations predicted)."""
         precision = self.whitening.T @ self.whitening
-        terms: FloatArray = vectors * (vectors @ precision)
+        # Reduced along fixed rows, as `statistics` is: a matrix product's sums depend on how
+        # many vectors it is given, and an alarm's detail must not depend on the grouping.
+        pulled = np.stack([_row_sum(vectors * column[None, :]) for column in precision.T], axis=1)
+        terms: FloatArray = vectors * pulled
         return terms
 
 

@@ -67,7 +67,7 @@ PER_CHANNEL = ("point", "rolling_rms", "variance_floor", "cusum", "shift")
 class _DetectorConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    threshold: float = Field(allow_inf_nan=False)
+    threshold: float = Field(gt=0, allow_inf_nan=False)  # every statistic is a size
     alarm: AlarmPolicy | None = None  # overrides the monitor's default policy
     gains: list[Annotated[float, Field(ge=0, allow_inf_nan=False)]] | None = Field(
         default=None,
@@ -109,7 +109,7 @@ class ShiftConfig(_DetectorConfig):
 
 class MissingConfig(_DetectorConfig):
     kind: Literal["missing"] = "missing"
-    threshold: float = Field(default=0.5, allow_inf_nan=False)
+    threshold: float = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
 
 
 class MahalanobisConfig(_DetectorConfig):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -67,6 +69,49 @@ def create_db_engine(url: str, *, sqlite_foreign_keys: bool = True) -> Engine:
     return engine
 
 
+class Outage:
+    """The database's outages as the log tells them: one line when one starts, one when it ends
+    (how long, how many requests failed), nothing in between: a client retrying through an
+    outage must not flood the log."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._since: float | None = None
+        self._failures = 0
+
+    @property
+    def ongoing(self) -> bool:
+        return self._since is not None
+
+    def failed(self, where: str, exc: BaseException) -> None:
+        with self._guard:
+            first = self._since is None
+            if first:
+                self._since = time.monotonic()
+            self._failures += 1
+        if first:
+            reason = str(getattr(exc, "orig", None) or exc).strip().splitlines()[0]
+            log.warning(
+                "database unavailable (first on %s): %s: %s; failures are counted until it "
+                "answers again",
+                where,
+                type(exc).__name__,
+                reason,
+            )
+
+    def answered(self) -> None:
+        if self._since is None:  # the usual case, without the lock
+            return
+        with self._guard:
+            if self._since is None:
+                return
+            seconds, failures = time.monotonic() - self._since, self._failures
+            self._since, self._failures = None, 0
+        log.warning(
+            "database available again after %.1f s and %d failed request(s)", seconds, failures
+        )
+
+
 class Database:
     """An engine plus its session factory; `session()` is one unit of work."""
 
@@ -75,6 +120,7 @@ class Database:
         self.engine = create_db_engine(url)
         # Objects stay readable after commit: responses are built from them after the commit.
         self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self.outage = Outage()
 
     @property
     def dialect(self) -> str:
@@ -92,8 +138,9 @@ class Database:
             with self.engine.connect() as connection:
                 connection.execute(text("SELECT 1"))
         except (SQLAlchemyError, OSError) as exc:
-            log.warning("database ping failed: %s", exc)
+            self.outage.failed("the readiness check", exc)
             raise DatabaseError(f"database unreachable: {type(exc).__name__}") from exc
+        self.outage.answered()
 
     def dispose(self) -> None:
         self.engine.dispose()

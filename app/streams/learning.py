@@ -152,9 +152,11 @@ class Learner:
         streams: LiveStreams,
         *,
         on_adopted: Callable[[str, Applied], None] | None = None,
+        lstm: bool = False,
     ) -> None:
         self.streams = streams
         self.on_adopted = on_adopted
+        self.lstm = lstm  # offer the stateful LSTM among the candidates (app/learning/network.py)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinwatch-learn")
         self._queued: set[str] = set()
         self._again: set[str] = set()  # asked for while queued: fit again once done
@@ -267,6 +269,7 @@ class Learner:
                 sample_period_s=period,
                 false_alarms_per_day=budget,
                 references=references,
+                lstm=self.lstm,
             )
         except DataError as exc:
             error = exc.detail
@@ -288,7 +291,7 @@ class Learner:
             "stream %s learned from %d readings: %s",
             stream_id,
             end,
-            ", ".join(fit.kind for fit in learned.fits),
+            ", ".join(learned.kinds),
         )
         if self.on_adopted is not None:
             self.on_adopted(stream_id, applied)

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import ColumnElement, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import NotFoundError
@@ -289,14 +289,30 @@ def list_open(session: Session, *, stream_id: str | None = None) -> list[Alarm]:
 
 def acknowledge(session: Session, alarm_id: int, *, by: str, now: datetime) -> Alarm:
     """Mark the alarm acknowledged. Idempotent: the first acknowledgement is kept."""
-    alarm = session.get(Alarm, alarm_id, with_for_update=True)
+    first_acknowledgement(session, Alarm, Alarm.id == alarm_id, by=by, now=now)
+    alarm = session.get(Alarm, alarm_id, populate_existing=True)
     if alarm is None:
         raise NotFoundError(f"alarm {alarm_id} does not exist", alarm=alarm_id)
-    if alarm.acknowledged_at is None:
-        alarm.acknowledged_at = now
-        alarm.acknowledged_by = by
-        session.flush()
     return alarm
+
+
+def first_acknowledgement(
+    session: Session,
+    table: type[Alarm] | type[Incident],
+    which: ColumnElement[bool],
+    *,
+    by: str,
+    now: datetime,
+) -> None:
+    """Acknowledge the rows `which` selects that no one acknowledged yet, in one conditional
+    UPDATE: of concurrent acknowledgements the first wins on every database (a row lock read
+    first is no lock at all on SQLite), and the others read what it stored."""
+    session.execute(
+        update(table)
+        .where(which, table.acknowledged_at.is_(None))
+        .values(acknowledged_at=now, acknowledged_by=by)
+        .execution_options(synchronize_session=False)
+    )
 
 
 def page(

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import NotFoundError
 from app.storage.models import Alarm, AlarmState, Incident
+from app.storage.repositories.alarms import first_acknowledgement
 from app.storage.repositories.pages import Page, newest_first, opened_filters
 
 
@@ -48,15 +49,11 @@ def open_counts(session: Session) -> dict[str, int]:
 
 def acknowledge(session: Session, incident_id: int, *, by: str, now: datetime) -> Incident:
     """Mark the incident (and its alarms not yet acknowledged) acknowledged. Idempotent."""
-    incident = session.get(Incident, incident_id, with_for_update=True)
+    first_acknowledgement(session, Incident, Incident.id == incident_id, by=by, now=now)
+    incident = session.get(Incident, incident_id, populate_existing=True)
     if incident is None:
         raise NotFoundError(f"incident {incident_id} does not exist", incident=incident_id)
-    if incident.acknowledged_at is None:
-        incident.acknowledged_at, incident.acknowledged_by = now, by
-    for alarm in alarms_of(session, [incident_id])[incident_id]:
-        if alarm.acknowledged_at is None:
-            alarm.acknowledged_at, alarm.acknowledged_by = now, by
-    session.flush()
+    first_acknowledgement(session, Alarm, Alarm.incident_id == incident_id, by=by, now=now)
     return incident
 
 

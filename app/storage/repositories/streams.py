@@ -34,23 +34,31 @@ def require(session: Session, stream_id: str, *, for_update: bool = False) -> St
     return stream
 
 
-def get_many(session: Session, stream_ids: Sequence[str]) -> list[Stream]:
-    """Those of the streams that exist, in key order."""
-    statement = select(Stream).where(Stream.id.in_(stream_ids)).order_by(Stream.id)
-    return list(session.scalars(statement))
+IDS_PER_QUERY = 10_000
+"""Stream ids in one IN (...): PostgreSQL's driver takes at most 65,535 parameters a statement."""
+
+
+def get_many(
+    session: Session, stream_ids: Sequence[str], *, for_update: bool = False
+) -> list[Stream]:
+    """Those of the streams that exist, in key order (`for_update` locks them in that order:
+    two requests never deadlock)."""
+    ordered = sorted(set(stream_ids))
+    found: list[Stream] = []
+    for start in range(0, len(ordered), IDS_PER_QUERY):
+        chunk = ordered[start : start + IDS_PER_QUERY]
+        statement = select(Stream).where(Stream.id.in_(chunk)).order_by(Stream.id)
+        if for_update:
+            statement = statement.with_for_update()
+        found += session.scalars(statement)
+    return found
 
 
 def require_many(
     session: Session, stream_ids: Sequence[str], *, for_update: bool = False
 ) -> list[Stream]:
-    """The streams in the order asked, in one query; NotFoundError names the first missing one.
-    `for_update` locks the rows in key order (two requests never deadlock)."""
-    if not stream_ids:
-        return []
-    statement = select(Stream).where(Stream.id.in_(stream_ids)).order_by(Stream.id)
-    if for_update:
-        statement = statement.with_for_update()
-    found = {stream.id: stream for stream in session.scalars(statement)}
+    """The streams in the order asked; NotFoundError names the first missing one."""
+    found = {stream.id: stream for stream in get_many(session, stream_ids, for_update=for_update)}
     for stream_id in stream_ids:
         if stream_id not in found:
             raise NotFoundError(f"stream {stream_id!r} does not exist", stream=stream_id)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote
 
 import pytest
@@ -103,6 +105,27 @@ def test_acknowledge_once_and_idempotently(client: TestClient, alarms: dict[str,
     )
     assert client.get(f"/v1/alarms/{alarms['point-500']}").json()["acknowledged_by"] == "ana"
     assert client.post("/v1/alarms/999999/acknowledge", json={"by": "ana"}).status_code == 404
+
+
+def test_concurrent_acknowledgements_the_first_wins(
+    client: TestClient, alarms: dict[str, int]
+) -> None:
+    """Eight operators acknowledge at once: one of them acknowledged it, and every answer
+    (and the stored row) names that one, on either database."""
+    names = [f"operator-{i}" for i in range(8)]
+    for alarm in (alarms["point-500"], alarms["cusum-250"], alarms["point-100"]):
+        start = threading.Barrier(len(names))
+
+        def acknowledge(name: str, alarm: int = alarm, start: threading.Barrier = start) -> str:
+            start.wait()
+            answer = client.post(f"/v1/alarms/{alarm}/acknowledge", json={"by": name})
+            assert answer.status_code == 200
+            return str(answer.json()["acknowledged_by"])
+
+        with ThreadPoolExecutor(len(names)) as pool:
+            told = set(pool.map(acknowledge, names))
+        stored = client.get(f"/v1/alarms/{alarm}").json()["acknowledged_by"]
+        assert told == {stored}
 
 
 @pytest.mark.parametrize(

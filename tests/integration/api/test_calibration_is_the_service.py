@@ -29,7 +29,7 @@ def watching(config: MonitorConfig) -> dict[str, Any]:
     detectors = []
     for detector in config.model_dump(mode="json")["detectors"]:
         below = build_detector(config.detector(detector["kind"])).direction == "below"  # type: ignore[arg-type]
-        detectors.append({**detector, "threshold": -NEVER if below else NEVER})
+        detectors.append({**detector, "threshold": 5e-324 if below else NEVER})
     return {**config.model_dump(mode="json"), "detectors": detectors, "calibration": {}}
 
 

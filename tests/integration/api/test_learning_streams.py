@@ -112,6 +112,7 @@ def test_a_stream_learns_while_readings_keep_coming_and_monitors_each_of_them(
     assert learned["channels"]["temperature"]["kind"] in {"naive", "ar-differenced"}
     for summary in learned["channels"].values():
         assert summary["validation_rmse"] > 0 and summary["naive_rmse"] > 0
+    assert learned["lstm"] == "not tried: the LSTM candidate forecasts streams of one channel"
 
     # The drop that arrived during the fit was monitored once the model was there.
     alarms = client.get("/v1/alarms", params={"stream": "pump"}).json()["items"]

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import gc
+import logging
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import create_engine, inspect
@@ -92,6 +94,38 @@ def test_not_ready_when_the_database_is_gone(client: TestClient) -> None:
     assert response.headers["content-type"] == "application/problem+json"
     assert response.json()["checks"]["database"] == "database unreachable: OperationalError"
     assert client.get("/healthz").status_code == 200
+
+
+def test_an_outage_answers_retry_after_and_is_logged_once(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every 503 says when to come back; the outage is logged when it starts and when it ends
+    (with a count), not once per failed request and never with a traceback."""
+    assert client.put("/v1/streams/pump-1", json={}).status_code == 201
+    state = client.app_state["twinwatch"]
+    working = state.database.engine
+    gone = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    state.database.engine = gone
+    state.database.sessions.configure(bind=gone)
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        for second in range(5):
+            answer = client.post(
+                "/v1/streams/pump-1/readings",
+                json={"readings": [{"t": 1_767_225_600 + second, "value": 1.0}]},
+            )
+            assert answer.status_code == 503
+            assert int(answer.headers["Retry-After"]) > 0
+            assert "safe to re-send" in answer.json()["detail"]
+        assert int(client.get("/readyz").headers["Retry-After"]) > 0
+        state.database.engine = working
+        state.database.sessions.configure(bind=working)
+        assert client.get("/v1/streams/pump-1").status_code == 200
+    messages = [r.getMessage() for r in caplog.records if "database" in r.getMessage()]
+    assert len(messages) == 2, messages
+    assert "unavailable" in messages[0] and "available again" in messages[1]
+    assert "6 failed request(s)" in messages[1]
+    assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
 def test_metrics_expose_model_info_and_stream_series(client: TestClient) -> None:
