@@ -8,9 +8,10 @@ records them in the models table and yields the typed `AppState` that requests r
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import TypedDict
 
 import anyio
@@ -18,7 +19,7 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.api import alarms, health, incidents, models, readings, streams
-from app.api.deps import AppState
+from app.api.deps import AppState, DocumentsAccessMiddleware
 from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
 from app.forecasting.training import use_one_thread
@@ -95,14 +96,21 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
             log.warning("default model %r is not loaded", settings.default_model)
         register_models(database, registry)
         metrics.set_models(registry)
-        streams = LiveStreams(database, registry, checkpoint_every=settings.checkpoint_every)
+        retention = settings.readings_retention_days
+        streams = LiveStreams(
+            database,
+            registry,
+            checkpoint_every=settings.checkpoint_every,
+            retention=None if retention is None else timedelta(days=retention),
+        )
         learner = Learner(
             streams,
             on_adopted=lambda stream_id, done: _track(streams, metrics, stream_id, done),
             lstm=settings.learning_lstm,
         )
         streams.on_learning_due = learner.submit
-        resume_streams(database, streams, metrics)
+        track_streams(database, metrics)
+        resume_streams(streams, metrics)
     except BaseException:
         database.dispose()
         raise
@@ -137,10 +145,12 @@ def _track(
         metrics.set_open_incidents(stream_id, incident_repo.open_counts(session).get(stream_id, 0))
 
 
-def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -> None:
-    """Restore every stream (its checkpoint and the readings after it), so its metric series
-    (alarm counters included) exist from the first scrape after a restart and an alarm raised
-    then is seen as an increase."""
+def resume_streams(streams: LiveStreams, metrics: Metrics) -> None:
+    """Restore every stream (its checkpoint and the readings after it) before the first
+    request, so its metric series (alarm counters included) exist from the first scrape after
+    a restart, and its stale alarm and due fit are there. Takes a few milliseconds a stream
+    (docs/benchmarks.md: minutes for 100,000)."""
+    started = time.monotonic()
     for stream_id, problem in streams.restore_all():
         log.warning("stream %s cannot resume: %s", stream_id, problem)
     for live in streams.live_streams():
@@ -149,6 +159,11 @@ def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -
         )
         if live.stale_since is not None:
             metrics.publish_stale(live.stream_id, stale=True)
+    log.info("%d streams resumed in %.1f s", len(streams), time.monotonic() - started)
+
+
+def track_streams(database: Database, metrics: Metrics) -> None:
+    """Every stream's series from its row (quick: two queries), before the first request."""
     with database.session() as session:
         for stream in stream_repo.list_all(session):
             metrics.track_stream(stream.id, detectors=())
@@ -168,7 +183,7 @@ def create_app(
     objects out of the garbage collector), which an app shared with others must not touch."""
     settings = settings if settings is not None else Settings()
     loader = artifact_loader if artifact_loader is not None else default_loader
-    metrics = Metrics()
+    metrics = Metrics(settings.metrics_per_stream)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[LifespanState]:
@@ -201,8 +216,16 @@ def create_app(
         lifespan=lifespan,
     )
     install_problem_handlers(app)
-    document_schemas(app, [Problem, ReadingsIn, ManyReadingsIn])
+    document_schemas(
+        app,
+        [Problem, ReadingsIn, ManyReadingsIn],
+        writes_protected=settings.api_token is not None,
+        reads_protected=settings.read_tokens() is not None,
+    )
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
+    accepted = settings.read_tokens()
+    if accepted is not None:
+        app.add_middleware(DocumentsAccessMiddleware, accepted=accepted)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 413 carries it too
     for module in (health, streams, readings, alarms, incidents, models):
         app.include_router(module.router)

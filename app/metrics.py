@@ -2,8 +2,9 @@
 
 A registry per app (not prometheus_client's global one) lets tests and tools build several apps
 in one process. Labels are bounded: stream ids of configured streams and detector names, never
-reading times or request values; `track_stream` creates a stream's series at zero so dashboards
-see zeros instead of gaps, and `forget_stream` drops them when the stream is deleted.
+reading times or request values. Aggregates over all streams are always exported; per-stream
+series as `PerStream` says (by default only alarm series where there is an alarm, so a scrape
+stays small with 100,000 streams). `forget_stream` drops a deleted stream's series.
 
 The per-stream series are plain numbers in a `StreamSeries` that ingest updates once per request,
 exported by a collector at scrape time: a prometheus_client child per label set, 30 of them a
@@ -16,8 +17,10 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 from prometheus_client import CollectorRegistry, Gauge, Histogram
@@ -58,6 +61,10 @@ class StreamSeries:
     last_arrival: float | None = None  # time.time() of its last accepted readings
 
     @property
+    def alarming(self) -> bool:
+        return True in self.active.values()
+
+    @property
     def residual(self) -> float | None:
         """The first forecast channel's."""
         if self.latest is None or math.isnan(self.latest[self.targets]):
@@ -83,12 +90,118 @@ class StreamSeries:
             self.active.setdefault(detector, False)
 
 
+PerStream = Literal["none", "alarms", "all"]
+"""Which per-stream series /metrics exports (TWINWATCH_METRICS_PER_STREAM):
+
+- `none`: the aggregates only;
+- `alarms` (the default): besides them, a stream's alarm series where there is something to
+  say: `twinwatch_alarm_active` 1 for each open alarm, `twinwatch_alarms_total` once a
+  detector has alarmed, open incidents, stale streams. A fleet of healthy streams costs
+  nothing, so a scrape stays small with 100,000 streams;
+- `all`: every series of every stream (forecast residual, each detector's statistic and
+  threshold, readings, silence), for dashboards of a few thousand streams at most.
+"""
+
+
 class _StreamCollector(Collector):
     def __init__(self, metrics: Metrics) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        streams = self._metrics.snapshot()
+        metrics = self._metrics
+        streams = metrics.snapshot()
+        yield from self._aggregates(streams)
+        if metrics.per_stream == "all":
+            yield from self._every_series(streams)
+        elif metrics.per_stream == "alarms":
+            yield from self._alarm_series(streams)
+
+    def _aggregates(self, streams: list[tuple[str, StreamSeries]]) -> Iterator[Metric]:
+        totals = self._metrics.totals
+        accepted = CounterMetricFamily(
+            "twinwatch_readings_accepted", "Readings accepted and processed, all streams."
+        )
+        accepted.add_metric([], totals.readings)
+        refused = CounterMetricFamily(
+            "twinwatch_readings_refused",
+            "Readings of configured streams refused, by reason, all streams.",
+            labels=["reason"],
+        )
+        for reason, count in totals.rejected.items():
+            refused.add_metric([reason], count)
+        opened = CounterMetricFamily(
+            "twinwatch_alarms_opened",
+            "Alarms opened, by detector, all streams.",
+            labels=["detector"],
+        )
+        for detector, count in sorted(totals.alarms.items()):
+            opened.add_metric([detector], count)
+        incidents = CounterMetricFamily(
+            "twinwatch_incidents_opened", "Incidents opened, all streams (re-openings too)."
+        )
+        incidents.add_metric([], totals.incidents)
+        states = Counter(
+            "stale" if s.stale else "alarm" if s.alarming else "ok" for _, s in streams
+        )
+        by_state = GaugeMetricFamily(
+            "twinwatch_streams",
+            "Configured streams by state: stale (silent too long), alarm (an alarm open), ok.",
+            labels=["state"],
+        )
+        for state in ("ok", "alarm", "stale"):
+            by_state.add_metric([state], states[state])
+        open_incidents = GaugeMetricFamily(
+            "twinwatch_incidents_open_all", "Incidents open, all streams."
+        )
+        open_incidents.add_metric([], sum(s.open_incidents for _, s in streams))
+        yield from (accepted, refused, opened, incidents, by_state, open_incidents)
+
+    def _families(self) -> dict[str, CounterMetricFamily | GaugeMetricFamily]:
+        return {
+            "alarms": CounterMetricFamily(
+                "twinwatch_alarms", "Alarms opened.", labels=["stream", "detector"]
+            ),
+            "active": GaugeMetricFamily(
+                "twinwatch_alarm_active",
+                "1 while the detector has an open alarm on the stream, else 0.",
+                labels=["stream", "detector"],
+            ),
+            "incidents": CounterMetricFamily(
+                "twinwatch_incidents",
+                "Incidents opened (alarms of a stream that overlap or follow closely; a "
+                "re-opened incident counts again).",
+                labels=["stream"],
+            ),
+            "open_incidents": GaugeMetricFamily(
+                "twinwatch_incidents_open", "Incidents open on the stream.", labels=["stream"]
+            ),
+            "stale": GaugeMetricFamily(
+                "twinwatch_stream_stale",
+                "1 while the stream is stale (silent for longer than its stale limit), else 0.",
+                labels=["stream"],
+            ),
+        }
+
+    def _alarm_series(self, streams: list[tuple[str, StreamSeries]]) -> Iterator[Metric]:
+        """The alarm families, only where a stream has something to say."""
+        families = self._families()
+        for stream, series in streams:
+            for detector, count in list(series.alarms.items()):
+                if count:
+                    families["alarms"].add_metric([stream, detector], count)
+            for detector, is_open in list(series.active.items()):
+                if is_open:
+                    families["active"].add_metric([stream, detector], 1.0)
+            if series.incidents:
+                families["incidents"].add_metric([stream], series.incidents)
+            if series.open_incidents:
+                families["open_incidents"].add_metric([stream], series.open_incidents)
+            if series.stale:
+                families["stale"].add_metric([stream], 1.0)
+        yield from families.values()
+
+    def _every_series(self, streams: list[tuple[str, StreamSeries]]) -> Iterator[Metric]:
+        families = self._families()
         readings = CounterMetricFamily(
             "twinwatch_readings", "Readings accepted and processed.", labels=["stream"]
         )
@@ -112,28 +225,6 @@ class _StreamCollector(Collector):
             "Threshold each detector's statistic is compared with.",
             labels=["stream", "detector"],
         )
-        active = GaugeMetricFamily(
-            "twinwatch_alarm_active",
-            "1 while the detector has an open alarm on the stream, else 0.",
-            labels=["stream", "detector"],
-        )
-        alarms = CounterMetricFamily(
-            "twinwatch_alarms", "Alarms opened.", labels=["stream", "detector"]
-        )
-        incidents = CounterMetricFamily(
-            "twinwatch_incidents",
-            "Incidents opened (alarms of a stream that overlap or follow closely; a re-opened "
-            "incident counts again).",
-            labels=["stream"],
-        )
-        open_incidents = GaugeMetricFamily(
-            "twinwatch_incidents_open", "Incidents open on the stream.", labels=["stream"]
-        )
-        stale = GaugeMetricFamily(
-            "twinwatch_stream_stale",
-            "1 while the stream is stale (silent for longer than its stale limit), else 0.",
-            labels=["stream"],
-        )
         silence = GaugeMetricFamily(
             "twinwatch_seconds_since_reading",
             "Seconds since the stream's last readings were accepted (since start-up if none).",
@@ -151,33 +242,34 @@ class _StreamCollector(Collector):
             for detector, value in list(series.thresholds.items()):
                 threshold.add_metric([stream, detector], value)
             for detector, is_open in list(series.active.items()):
-                active.add_metric([stream, detector], 1.0 if is_open else 0.0)
+                families["active"].add_metric([stream, detector], 1.0 if is_open else 0.0)
             for detector, count in list(series.alarms.items()):
-                alarms.add_metric([stream, detector], count)
-            incidents.add_metric([stream], series.incidents)
-            open_incidents.add_metric([stream], series.open_incidents)
-            stale.add_metric([stream], 1.0 if series.stale else 0.0)
+                families["alarms"].add_metric([stream, detector], count)
+            families["incidents"].add_metric([stream], series.incidents)
+            families["open_incidents"].add_metric([stream], series.open_incidents)
+            families["stale"].add_metric([stream], 1.0 if series.stale else 0.0)
             since = self._metrics.started if series.last_arrival is None else series.last_arrival
             silence.add_metric([stream], max(0.0, now - since))
-        yield from (
-            readings,
-            rejected,
-            residual,
-            statistic,
-            threshold,
-            active,
-            alarms,
-            incidents,
-            open_incidents,
-            stale,
-            silence,
-        )
+        yield from (readings, rejected, residual, statistic, threshold, silence)
+        yield from families.values()
+
+
+@dataclass
+class Totals:
+    """The aggregates: counted as they happen, so a deleted stream takes nothing away."""
+
+    readings: float = 0.0
+    rejected: dict[str, float] = field(default_factory=lambda: dict.fromkeys(REJECT_REASONS, 0.0))
+    alarms: dict[str, float] = field(default_factory=dict)
+    incidents: float = 0.0
 
 
 class Metrics:
-    def __init__(self) -> None:
+    def __init__(self, per_stream: PerStream = "alarms") -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.started = time.time()
+        self.per_stream = per_stream
+        self.totals = Totals()
         r = self.registry
         self._streams: dict[str, StreamSeries] = {}
         self._guard = threading.Lock()
@@ -236,6 +328,8 @@ class Metrics:
             series = self._streams.get(stream_id)
             if series is None:
                 series = self._streams[stream_id] = StreamSeries()
+            self.totals.readings += readings
+            self._count(opened, incidents_opened)
         series.readings += readings
         series.latest, series.kinds, series.targets = latest, kinds, targets
         if active or True in series.active.values():
@@ -243,6 +337,12 @@ class Metrics:
                 series.active[detector] = detector in active
         series.count_alarms(opened, incidents_opened, incidents_closed)
         series.stale, series.last_arrival = False, time.time()
+
+    def _count(self, opened: list[str], incidents_opened: int) -> None:
+        """Into the aggregates (under the guard)."""
+        for detector in opened:
+            self.totals.alarms[detector] = self.totals.alarms.get(detector, 0.0) + 1
+        self.totals.incidents += incidents_opened
 
     def publish_alarms(
         self,
@@ -253,7 +353,10 @@ class Metrics:
         incidents_closed: int = 0,
     ) -> None:
         """Alarms opened (their detectors) and incidents opened and closed on the stream."""
-        self.track_stream(stream_id, ()).count_alarms(opened, incidents_opened, incidents_closed)
+        series = self.track_stream(stream_id, ())
+        with self._guard:
+            self._count(opened, incidents_opened)
+        series.count_alarms(opened, incidents_opened, incidents_closed)
 
     def publish_stale(
         self, stream_id: str, *, stale: bool, opened: int = 0, incidents_opened: int = 0
@@ -270,6 +373,8 @@ class Metrics:
         """Count refused readings of a configured stream (other ids get no series)."""
         with self._guard:
             series = self._streams.get(stream_id)
+            if series is not None:
+                self.totals.rejected[reason] = self.totals.rejected.get(reason, 0.0) + count
         if series is not None:
             series.rejected[reason] = series.rejected.get(reason, 0.0) + count
 

@@ -65,7 +65,11 @@ def _known_detector(name: str) -> str:
     return name
 
 
-DetectorName = Annotated[str, AfterValidator(_known_detector)]
+DetectorName = Annotated[
+    str,
+    AfterValidator(_known_detector),
+    WithJsonSchema({"type": "string", "enum": sorted(DETECTORS)}),
+]
 
 
 def _unique(names: list[str]) -> list[str]:
@@ -474,6 +478,9 @@ class StreamOut(BaseModel):
 
 class StreamList(BaseModel):
     items: list[StreamOut]
+    next_cursor: str | None = Field(
+        None, description="Pass as `cursor` for the next page; null on the last."
+    )
 
 
 # --- readings ----------------------------------------------------------------------------------
@@ -490,12 +497,33 @@ def _reading_time(value: Any) -> Any:
             f"{LATEST_EPOCH_S:.0e} (the year 2603); {value!r} is not (milliseconds? divide "
             "by 1,000)"
         )
+    return rfc3339_text(value)
+
+
+def rfc3339_text(value: Any) -> Any:
+    """Refuse a number in a string where a time is expected (pydantic would read it as epoch
+    seconds or milliseconds): a time as text is RFC 3339 with its offset."""
     if isinstance(value, str) and _NUMERIC.fullmatch(value.strip()):
         raise ValueError(
             "a time given as a string is RFC 3339 with its offset; seconds since the epoch "
             "are a JSON number"
         )
     return value
+
+
+def query_time(value: Any) -> Any:
+    """A time in a query string: RFC 3339 with its offset, or seconds since the epoch (never
+    milliseconds: a number too large to be seconds is refused, as in a reading)."""
+    if isinstance(value, str) and _NUMERIC.fullmatch(value.strip()):
+        return _reading_time(float(value))
+    return value
+
+
+QueryTime = Annotated[
+    AwareDatetime,
+    BeforeValidator(query_time),
+    WithJsonSchema({"anyOf": [{"type": "string", "format": "date-time"}, {"type": "number"}]}),
+]
 
 
 _NUMERIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
@@ -625,9 +653,10 @@ class AlarmPageOut(BaseModel):
 class AcknowledgeIn(_Body):
     model_config = ConfigDict(json_schema_extra={"examples": [{"by": "jane"}]})
 
-    by: Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=128)] = (
-        Field(description="Who acknowledges (a person or a system).")
-    )
+    by: Annotated[
+        str,
+        StringConstraints(strip_whitespace=True, min_length=1, max_length=128, pattern=r"\S"),
+    ] = Field(description="Who acknowledges (a person or a system): not only blanks.")
 
 
 # --- models and health -------------------------------------------------------------------------

@@ -48,6 +48,15 @@ class Settings(BaseSettings):
     api_token: SecretStr | None = Field(
         None, description="When set, write endpoints require `Authorization: Bearer <token>`."
     )
+    read_token: SecretStr | None = Field(
+        None,
+        description="When set, reads (the API's GETs, /metrics, /docs) need `Authorization: "
+        "Bearer <token>` with this token or the API token; /healthz and /readyz stay open.",
+    )
+    protect_reads: bool = Field(
+        False,
+        description="Reads need the API token (one token for everything); needs api_token.",
+    )
     max_batch: int = Field(
         10_000,
         ge=1,
@@ -69,11 +78,24 @@ class Settings(BaseSettings):
         description="A stream silent for this many sample periods gets a stale alarm (raised "
         "by a timer); 0 switches the timer off.",
     )
+    readings_retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="Readings older than this many days (by the stream's own clock: its last "
+        "reading's time) are removed at the stream's checkpoints; never those a restart "
+        "replays, nor a learning stream's. Unset: readings are kept for ever.",
+    )
     checkpoint_every: int = Field(
         1000,
         ge=1,
         description="Readings between two checkpoints of a stream's state. A restart replays "
         "at most this many readings per stream; fewer costs more writes while ingesting.",
+    )
+    metrics_per_stream: Literal["none", "alarms", "all"] = Field(
+        "alarms",
+        description="Per-stream series on /metrics besides the aggregates: none; alarms (open "
+        "alarms, alarm and incident counts once non-zero, stale streams); all (also residuals, "
+        "detector statistics and thresholds, readings: for a few thousand streams at most).",
     )
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     log_format: Literal["text", "json"] = Field(
@@ -92,18 +114,31 @@ class Settings(BaseSettings):
     def _lower_case(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("api_token", mode="before")
+    @field_validator("api_token", "read_token", mode="before")
     @classmethod
     def _empty_token_is_none(cls, value: object) -> object:
         return None if value == "" else value
 
-    @field_validator("api_token")
+    @field_validator("api_token", "read_token")
     @classmethod
     def _refuse_weak_token(cls, value: SecretStr | None) -> SecretStr | None:
         # A short shared secret is guessable over the network; refuse it rather than warn.
         if value is not None and len(value.get_secret_value()) < MIN_TOKEN_LENGTH:
-            raise ValueError(f"api_token must have at least {MIN_TOKEN_LENGTH} characters")
+            raise ValueError(f"a token must have at least {MIN_TOKEN_LENGTH} characters")
         return value
+
+    @model_validator(mode="after")
+    def _protected_reads_need_a_token(self) -> Settings:
+        if self.protect_reads and self.api_token is None:
+            raise ValueError("protect_reads needs api_token (the token reads will need)")
+        return self
+
+    def read_tokens(self) -> list[str] | None:
+        """The tokens a read may present; None: reads are open."""
+        if self.read_token is None and not self.protect_reads:
+            return None
+        tokens = [t.get_secret_value() for t in (self.read_token, self.api_token) if t]
+        return tokens
 
     @model_validator(mode="after")
     def _default_database(self) -> Settings:

@@ -10,12 +10,16 @@ from typing import Annotated
 
 import anyio
 from fastapi import Depends, Request, Security
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import UnauthorizedError
 from app.metrics import Metrics
 from app.registry import ModelRegistry
+from app.schemas import PROBLEM_MEDIA_TYPE
 from app.settings import Settings
 from app.storage.db import Database
 from app.streams.learning import Learner
@@ -98,7 +102,8 @@ def utcnow() -> datetime:
 
 bearer_auth = HTTPBearer(
     scheme_name="bearerAuth",
-    description="The server's TWINWATCH_API_TOKEN; writes need it when one is set.",
+    description="The server's TWINWATCH_API_TOKEN (writes need it when one is set), or for "
+    "reads its TWINWATCH_READ_TOKEN when reads are protected.",
     auto_error=False,  # a missing token is answered by `require_token`, as problem JSON
 )
 """Declares the security scheme in OpenAPI (Swagger UI's Authorize button) and reads the header."""
@@ -106,16 +111,65 @@ bearer_auth = HTTPBearer(
 BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Security(bearer_auth)]
 
 
+def check_token(credentials: str | None, accepted: list[str]) -> None:
+    """UnauthorizedError unless `credentials` (a bearer token, None: no header) is one of
+    `accepted` (compared in constant time)."""
+    if credentials is None:
+        raise UnauthorizedError("this endpoint needs an 'Authorization: Bearer <token>' header")
+    given = credentials.encode()
+    if not any([hmac.compare_digest(given, token.encode()) for token in accepted]):
+        raise UnauthorizedError("the bearer token is not valid")
+
+
+def _credentials(bearer: HTTPAuthorizationCredentials | None) -> str | None:
+    return None if bearer is None else bearer.credentials
+
+
 async def require_token(settings: SettingsDep, bearer: BearerCredentials) -> None:
     """With an API token configured, a write needs `Authorization: Bearer <token>`."""
-    if settings.api_token is None:
-        return
-    if bearer is None:
-        raise UnauthorizedError("this endpoint needs an 'Authorization: Bearer <token>' header")
-    expected = settings.api_token.get_secret_value().encode()
-    if not hmac.compare_digest(bearer.credentials.encode(), expected):
-        raise UnauthorizedError("the bearer token is not valid")
+    if settings.api_token is not None:
+        check_token(_credentials(bearer), [settings.api_token.get_secret_value()])
+
+
+async def require_read_token(settings: SettingsDep, bearer: BearerCredentials) -> None:
+    """With reads protected (a read token, or `protect_reads`), a read needs one of them."""
+    accepted = settings.read_tokens()
+    if accepted is not None:
+        check_token(_credentials(bearer), accepted)
 
 
 WriteAccess = Depends(require_token)
 """Put `dependencies=[WriteAccess]` on every route that changes something."""
+ReadAccess = Depends(require_read_token)
+"""On every router and route that reads (all but /healthz and /readyz)."""
+
+
+DOCUMENTS = ("/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json")
+
+
+class DocumentsAccessMiddleware:
+    """The API's documents (Swagger UI, ReDoc, the OpenAPI JSON) need a read token when reads
+    are protected: FastAPI serves them outside the routers, so no dependency can guard them."""
+
+    def __init__(self, app: ASGIApp, *, accepted: list[str]) -> None:
+        self.app = app
+        self.accepted = accepted
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] in DOCUMENTS:
+            header = Headers(scope=scope).get("authorization", "")
+            scheme, _, credentials = header.strip().partition(" ")
+            try:
+                check_token(
+                    credentials.strip() if scheme.lower() == "bearer" else None, self.accepted
+                )
+            except UnauthorizedError as exc:
+                response = JSONResponse(
+                    exc.problem(instance=scope["path"]),
+                    status_code=exc.status,
+                    headers={"WWW-Authenticate": "Bearer"},
+                    media_type=PROBLEM_MEDIA_TYPE,
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)

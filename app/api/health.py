@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Response
 
-from app.api.deps import StateDep
+from app.api.deps import ReadAccess, StateDep
 from app.errors import AppError
 from app.registry import AUTO
 from app.schemas import Health, Ready, problem_responses
@@ -59,6 +59,7 @@ def readyz(state: StateDep) -> Ready:
     response_class=Response,
     summary="Prometheus text exposition",
     operation_id="getMetrics",
+    dependencies=[ReadAccess],
     responses={200: {"content": {"text/plain": {}}}},
 )
 def metrics(state: StateDep) -> Response:

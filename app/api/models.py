@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from app.api.deps import RegistryDep
+from app.api.deps import ReadAccess, RegistryDep
 from app.schemas import ModelList, ModelOut
 
-router = APIRouter(prefix="/v1/models", tags=["models"])
+router = APIRouter(prefix="/v1/models", tags=["models"], dependencies=[ReadAccess])
 
 
 @router.get("", response_model=ModelList, summary="Loaded models", operation_id="listModels")

@@ -13,10 +13,12 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.deps import STATE_KEY
@@ -130,6 +132,10 @@ async def validation_error_handler(request: Request, exc: Exception) -> JSONResp
 
 async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers) if exc.headers else {}
+    if exc.status_code == HTTPStatus.METHOD_NOT_ALLOWED:
+        headers["Allow"] = ", ".join(_allowed(request))
+        exc = HTTPException(exc.status_code, exc.detail, headers)
     slug, title = _slug_and_title(exc.status_code)
     phrase = HTTPStatus(exc.status_code).phrase
     detail = exc.detail if exc.detail and exc.detail != phrase else _default_detail(exc, request)
@@ -139,8 +145,24 @@ async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
         detail=str(detail),
         slug=slug,
         instance=request.url.path,
-        headers=dict(exc.headers) if exc.headers else None,
+        headers=headers or None,
     )
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method some route of the path answers: the router stops at the first route of
+    the path, whose `Allow` names its own methods only (a stream's PUT, not its GET)."""
+    methods = {
+        method
+        for method in ("DELETE", "GET", "PATCH", "POST", "PUT")
+        if any(
+            route.matches({**request.scope, "method": method})[0] == Match.FULL
+            for route in request.app.router.routes
+        )
+    }
+    if "GET" in methods:
+        methods.add("HEAD")
+    return sorted(methods)
 
 
 def _default_detail(exc: HTTPException, request: Request) -> str:
@@ -165,6 +187,17 @@ async def database_error_handler(request: Request, exc: Exception) -> JSONRespon
     return await app_error_handler(request, error)
 
 
+async def client_gone_handler(request: Request, exc: Exception) -> Response:
+    """The client hung up before its body was read: no one to answer, nothing stored. One line
+    (a flood of hang-ups must not flood the log with tracebacks)."""
+    log.info(
+        "client disconnected during %s %s before its body was read",
+        request.method,
+        request.url.path,
+    )
+    return Response(status_code=HTTPStatus.BAD_REQUEST)  # nobody reads it
+
+
 async def unexpected_error_handler(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     # Starlette answers a 500 outside every middleware: RequestIdMiddleware cannot add its header.
@@ -185,6 +218,7 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(HTTPException, http_error_handler)
     for outage in (OperationalError, InterfaceError, SQLAlchemyTimeoutError):
         app.add_exception_handler(outage, database_error_handler)
+    app.add_exception_handler(ClientDisconnect, client_gone_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)
 
 

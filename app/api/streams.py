@@ -13,7 +13,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response, status
 from sqlalchemy.orm import Session
 
-from app.api.deps import AppState, SessionDep, StateDep, WriteAccess, utcnow
+from app.api.deps import AppState, ReadAccess, SessionDep, StateDep, WriteAccess, utcnow
+from app.api.queries import CursorQuery, LimitQuery
 from app.errors import AppError, ConflictError, DataError
 from app.learning.thresholds import LEARNED_DETECTORS
 from app.registry import AUTO
@@ -37,7 +38,7 @@ from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.live import LiveStream
 
-router = APIRouter(prefix="/v1/streams", tags=["streams"])
+router = APIRouter(prefix="/v1/streams", tags=["streams"], dependencies=[ReadAccess])
 
 StreamIdPath = Annotated[
     str,
@@ -248,10 +249,19 @@ def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
     ).model_copy(update=phase)
 
 
-@router.get("", response_model=StreamList, summary="All streams", operation_id="listStreams")
-def list_streams(session: SessionDep, state: StateDep) -> StreamList:
+@router.get(
+    "",
+    response_model=StreamList,
+    responses=problem_responses(422),
+    summary="Streams in id order, a page at a time",
+    operation_id="listStreams",
+)
+def list_streams(
+    session: SessionDep, state: StateDep, limit: LimitQuery = 100, cursor: CursorQuery = None
+) -> StreamList:
+    streams, next_cursor = stream_repo.page(session, limit=limit, cursor=cursor)
     open_by_stream: dict[str, list[Alarm]] = defaultdict(list)
-    for alarm in alarm_repo.list_open(session):
+    for alarm in alarm_repo.list_open(session, stream_ids=[stream.id for stream in streams]):
         open_by_stream[alarm.stream_id].append(alarm)
     return StreamList(
         items=[
@@ -260,8 +270,9 @@ def list_streams(session: SessionDep, state: StateDep) -> StreamList:
                 open_alarms=open_by_stream[stream.id],
                 position=_position(state.streams.position(stream.id)),
             ).model_copy(update=_phase(session, stream, state.streams.peek(stream.id)))
-            for stream in stream_repo.list_all(session)
-        ]
+            for stream in streams
+        ],
+        next_cursor=next_cursor,
     )
 
 

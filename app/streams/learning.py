@@ -224,11 +224,18 @@ class Learner:
         references = (
             np.concatenate([b.references_or_nan for b in batches]) if has_reference else None
         )
+        # Readings a retention period removed are gone: sample numbers count from the first
+        # one kept (`first`).
+        first = batches[0].first_sample
         monitor = revised_monitor(
             learned,
             Readings.of_one(times, values, references),
-            learned_from=row.learned_from,
-            covered=spans,
+            learned_from=max(0, row.learned_from - first),
+            covered=[
+                (start - first, None if stop is None else stop - first)
+                for start, stop in spans
+                if stop is None or stop > first
+            ],
         )
         adopted = self.streams.adopt_revision(
             stream_id, monitor, fitted_at=fitted_at, revisions=revisions

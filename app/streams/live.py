@@ -21,7 +21,7 @@ import time
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
@@ -132,6 +132,7 @@ class LiveStreams:
         *,
         max_gap: int = DEFAULT_MAX_GAP,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+        retention: timedelta | None = None,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError("checkpoint_every must be at least 1")
@@ -139,6 +140,9 @@ class LiveStreams:
         self.registry = registry
         self.max_gap = max_gap
         self.checkpoint_every = checkpoint_every
+        # Readings older than this (by the stream's own clock) are removed at its checkpoints,
+        # never one a restart would replay; None keeps them all.
+        self.retention = retention
         self._slots: dict[str, _Slot] = {}
         self._guard = threading.Lock()
         self._recurrences: dict[tuple[str, str, str], Recurrence] = {}
@@ -499,6 +503,15 @@ class LiveStreams:
             now=datetime.now(UTC),
         )
         stream_repo.advance(session, live.stream_id, sample_count=state.samples, last_t=last_t)
+        reading_repo.pack(session, stream_id=live.stream_id, before_sample=state.samples)
+        if self.retention is not None and live.learning is None and state.last_time is not None:
+            # A learning stream keeps every reading: its fit reads them all.
+            reading_repo.prune(
+                session,
+                stream_id=live.stream_id,
+                before_sample=state.samples,
+                before=reading_repo.datetime_at(state.last_time) - self.retention,
+            )
         return True
 
     def checkpoint_all(self) -> int:

@@ -18,10 +18,11 @@ SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), 
 
 
 def exposed_names() -> set[str]:
-    """Every sample name the service's /metrics can carry."""
+    """Every sample name the service's /metrics can carry (with every per-stream series, as the
+    compose stack runs it)."""
     names = set()
     family: Metric
-    for family in Metrics().registry.collect():
+    for family in Metrics("all").registry.collect():
         for suffix in SUFFIXES.get(family.type, ("",)):
             names.add(family.name + suffix)
     return names

@@ -78,13 +78,16 @@ def scale_duration(duration: str) -> str:
 
 
 def scale_expr(expr: str) -> str:
-    return re.sub(r"\[([0-9a-z]+)\]", lambda m: f"[{scale_duration(m.group(1))}]", expr)
+    """Range selectors and offsets."""
+    expr = re.sub(r"\[([0-9a-z]+)\]", lambda m: f"[{scale_duration(m.group(1))}]", expr)
+    return re.sub(r"offset ([0-9a-z]+)", lambda m: f"offset {scale_duration(m.group(1))}", expr)
 
 
 def test_scaling_keeps_every_duration_in_proportion() -> None:
     assert scale_duration("15s") == "500ms"
     assert scale_duration("1m") == "2000ms"
     assert scale_duration("1h30m") == "180000ms"
+    assert scale_expr("x unless x offset 1m") == "x unless x offset 2000ms"
     assert scale_expr("increase(x[1m]) > 0 and max_over_time(y[1h]) > 0") == (
         "increase(x[2000ms]) > 0 and max_over_time(y[120000ms]) > 0"
     )
@@ -209,6 +212,8 @@ def deployment(
             "TWINWATCH_PORT": str(app_port),
             "TWINWATCH_MIGRATE_ON_START": "false",
             "TWINWATCH_LOG_LEVEL": "warning",
+            # As the compose stack runs: every per-stream series (readings counted per stream).
+            "TWINWATCH_METRICS_PER_STREAM": "all",
         }
         processes = Processes(directory, env)
         try:

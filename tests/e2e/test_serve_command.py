@@ -83,7 +83,7 @@ def test_serve_starts_on_a_fresh_data_dir_and_stops_on_sigterm(
     assert ready.status_code == 503  # no model artifacts
     assert "default model 'lstm-seed0' not loaded" in ready.json()["detail"]
     assert httpx.put(f"{base}/v1/streams/pump-1", json={}).status_code == 422
-    assert httpx.get(f"{base}/v1/streams").json() == {"items": []}
+    assert httpx.get(f"{base}/v1/streams").json() == {"items": [], "next_cursor": None}
 
     process.send_signal(signal.SIGTERM)
     output, _ = process.communicate(timeout=30)

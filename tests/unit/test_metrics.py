@@ -32,7 +32,7 @@ def parsed(metrics: Metrics) -> dict[str, dict[tuple[tuple[str, str], ...], floa
 
 
 def test_names_follow_prometheus_conventions() -> None:
-    metrics = Metrics()
+    metrics = Metrics("all")
     series = metrics.track_stream("s", detectors=["point"])
     series.latest, series.kinds = np.array([1.0, 0.1, 0.2]), ("point",)
     series.thresholds["point"] = 0.5
@@ -53,7 +53,7 @@ def test_names_follow_prometheus_conventions() -> None:
 
 
 def test_track_then_forget_a_stream() -> None:
-    metrics = Metrics()
+    metrics = Metrics("all")
     series = metrics.track_stream("pump-1", detectors=["point", "cusum"])
     metrics.track_stream("pump-2", detectors=["point"])
     series.readings += 7
@@ -83,7 +83,7 @@ def test_track_then_forget_a_stream() -> None:
 
 
 def test_apps_do_not_share_registries() -> None:
-    first, second = Metrics(), Metrics()
+    first, second = Metrics("all"), Metrics("all")
     first.track_stream("a", detectors=["point"]).readings += 1
     assert "twinwatch_readings_total" not in parsed(second)
 
@@ -96,3 +96,46 @@ def test_model_info_is_replaced_on_reload() -> None:
     assert parsed(metrics)["twinwatch_model_info"] == {
         (("kind", "naive"), ("model", "m"), ("version", "2")): 1.0
     }
+
+
+def test_by_default_only_alarming_streams_have_series_and_aggregates_outlive_streams() -> None:
+    metrics = Metrics()
+    for stream in ("a", "b", "c"):
+        metrics.track_stream(stream, detectors=["point", "cusum"])
+    latest = np.array([1.0, 0.1, 0.2, 0.0])
+    metrics.publish(
+        "b",
+        readings=5,
+        latest=latest,
+        kinds=("point", "cusum"),
+        active={"point"},
+        opened=["point"],
+        incidents_opened=1,
+    )
+    metrics.publish(
+        "c", readings=3, latest=latest, kinds=("point", "cusum"), active=set(), opened=[]
+    )
+    metrics.reject("c", "conflict", 2)
+    metrics.publish_stale("a", stale=True, opened=1, incidents_opened=1)
+    found = parsed(metrics)
+    assert found["twinwatch_alarm_active"] == {(("detector", "point"), ("stream", "b")): 1.0}
+    assert found["twinwatch_alarms_total"] == {
+        (("detector", "point"), ("stream", "b")): 1.0,
+        (("detector", "stale"), ("stream", "a")): 1.0,
+    }
+    assert found["twinwatch_stream_stale"] == {(("stream", "a"),): 1.0}
+    assert "twinwatch_readings_total" not in found and "twinwatch_residual" not in found
+    assert found["twinwatch_readings_accepted_total"] == {(): 8.0}
+    assert found["twinwatch_readings_refused_total"][(("reason", "conflict"),)] == 2.0
+    assert found["twinwatch_alarms_opened_total"] == {
+        (("detector", "point"),): 1.0,
+        (("detector", "stale"),): 1.0,
+    }
+    assert found["twinwatch_incidents_opened_total"] == {(): 2.0}
+    assert found["twinwatch_streams"] == {
+        (("state", "ok"),): 1.0,
+        (("state", "alarm"),): 1.0,
+        (("state", "stale"),): 1.0,
+    }
+    metrics.forget_stream("b")  # counters of all streams never go back
+    assert parsed(metrics)["twinwatch_readings_accepted_total"] == {(): 8.0}

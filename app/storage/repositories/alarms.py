@@ -279,11 +279,15 @@ def spans(session: Session, *, stream_id: str) -> list[tuple[int, int | None]]:
     return [(int(a), None if b is None else int(b)) for a, b in session.execute(statement)]
 
 
-def list_open(session: Session, *, stream_id: str | None = None) -> list[Alarm]:
-    """Open alarms (of one stream, or of all), one per stream and detector at most."""
+def list_open(
+    session: Session, *, stream_id: str | None = None, stream_ids: Sequence[str] | None = None
+) -> list[Alarm]:
+    """Open alarms (of one stream, of some, or of all), one per stream and detector at most."""
     statement = select(Alarm).where(Alarm.state == "open")
     if stream_id is not None:
         statement = statement.where(Alarm.stream_id == stream_id)
+    if stream_ids is not None:
+        statement = statement.where(Alarm.stream_id.in_(stream_ids))
     return list(session.scalars(statement.order_by(Alarm.stream_id, Alarm.detector)))
 
 

@@ -7,10 +7,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import numpy as np
 from pydantic_core import TzInfo
-from sqlalchemy import CursorResult, func, select, text
+from sqlalchemy import CursorResult, Row, delete, func, select, text
 from sqlalchemy.orm import Session
 
 from app.storage.models import ReadingBatch
@@ -20,6 +21,12 @@ _MICROSECOND = timedelta(microseconds=1)
 _FIXED_ZONES = (timezone, TzInfo)  # what pydantic and datetime.UTC give; not DST zones
 _TIMES = np.dtype("<i8")
 _NUMBERS = np.dtype("<f8")
+SMALL_BATCH = 64
+"""Rows of fewer readings are packed together once a checkpoint has passed them (`pack`): a
+gateway's tick brings one reading a stream, and a row costs a hundred bytes or more beside
+its reading's sixteen or twenty-four."""
+PACKED_READINGS = 4096
+"""The most readings `pack` puts in one row."""
 
 
 def micros(times: Sequence[datetime]) -> np.ndarray:
@@ -244,7 +251,7 @@ def _hex(blob: bytes | None) -> str:
     return "NULL" if blob is None else '"\\\\x' + blob.hex() + '"'
 
 
-def _stored(row: ReadingBatch) -> StoredBatch:
+def _stored(row: ReadingBatch | Row[Any]) -> StoredBatch:
     times = np.frombuffer(row.times, dtype=_TIMES).astype(np.int64)
     values = np.frombuffer(row.channel_values, dtype=_NUMBERS).astype(np.float64)
     references = row.reference_values
@@ -256,6 +263,78 @@ def _stored(row: ReadingBatch) -> StoredBatch:
         if references is None
         else np.frombuffer(references, dtype=_NUMBERS).astype(np.float64),
     )
+
+
+def pack(session: Session, *, stream_id: str, before_sample: int) -> int:
+    """Merge the stream's runs of small rows (fewer than `SMALL_BATCH` readings each) that end
+    by `before_sample` into rows of at most `PACKED_READINGS`. Called with the checkpoint at
+    `before_sample`: a restart replays only the rows from there on, which stay as they are, and
+    re-sends find their readings by time in a packed row as in the rows it replaced. Returns
+    how many rows it removed."""
+    table = ReadingBatch.__table__  # rows, not ORM objects: nothing of the session to expire
+    statement = (
+        select(table)
+        .where(
+            ReadingBatch.stream_id == stream_id,
+            ReadingBatch.count < SMALL_BATCH,
+            ReadingBatch.first_sample + ReadingBatch.count <= before_sample,
+        )
+        .order_by(ReadingBatch.first_sample)
+    )
+    runs: list[list[StoredBatch]] = []
+    for row in session.execute(statement):
+        batch = _stored(row)
+        run = runs[-1] if runs else None
+        if (
+            run is not None
+            and run[-1].stop == batch.first_sample
+            and sum(len(b.micros) for b in run) + len(batch.micros) <= PACKED_READINGS
+        ):
+            run.append(batch)
+        else:
+            runs.append([batch])
+    removed = 0
+    merged = []
+    for run in runs:
+        if len(run) < 2:
+            continue
+        starts = [batch.first_sample for batch in run]
+        session.execute(
+            delete(ReadingBatch)
+            .where(ReadingBatch.stream_id == stream_id, ReadingBatch.first_sample.in_(starts))
+            .execution_options(synchronize_session=False)
+        )
+        removed += len(run)
+        with_references = any(batch.references is not None for batch in run)
+        merged.append(
+            NewBatch(
+                stream_id=stream_id,
+                first_sample=run[0].first_sample,
+                micros=np.concatenate([batch.micros for batch in run]),
+                values=np.concatenate([batch.values for batch in run]),
+                references=np.concatenate([b.references_or_nan for b in run])
+                if with_references
+                else None,
+            )
+        )
+    if merged:
+        insert_batches(session, merged)
+    return removed
+
+
+def prune(session: Session, *, stream_id: str, before_sample: int, before: datetime) -> int:
+    """Delete the stream's rows that end by `before_sample` (its checkpoint: a restart replays
+    nothing before it) and whose last reading is older than `before`. Returns how many."""
+    result = session.execute(
+        delete(ReadingBatch)
+        .where(
+            ReadingBatch.stream_id == stream_id,
+            ReadingBatch.first_sample + ReadingBatch.count <= before_sample,
+            ReadingBatch.last_t < before,
+        )
+        .execution_options(synchronize_session=False)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 def batches_from(session: Session, *, stream_id: str, first_sample: int = 0) -> list[StoredBatch]:
@@ -317,8 +396,10 @@ def any_for(session: Session, *, stream_id: str) -> bool:
 
 
 def count(session: Session, *, stream_id: str) -> int:
-    """How many readings the stream has accepted."""
-    statement = select(func.sum(ReadingBatch.count)).where(ReadingBatch.stream_id == stream_id)
+    """How many readings the stream has accepted (those a retention period removed too)."""
+    statement = select(func.max(ReadingBatch.first_sample + ReadingBatch.count)).where(
+        ReadingBatch.stream_id == stream_id
+    )
     return int(session.scalar(statement) or 0)
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
@@ -14,7 +16,7 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
-from app.errors import ConflictError, NotFoundError
+from app.errors import ConflictError, DataError, NotFoundError
 from app.storage.models import Stream
 
 
@@ -63,6 +65,35 @@ def require_many(
         if stream_id not in found:
             raise NotFoundError(f"stream {stream_id!r} does not exist", stream=stream_id)
     return [found[stream_id] for stream_id in stream_ids]
+
+
+def page(
+    session: Session, *, limit: int, cursor: str | None = None
+) -> tuple[list[Stream], str | None]:
+    """Streams in id order, `limit` at a time after the one `cursor` names; the next page's
+    cursor (None after the last)."""
+    statement = select(Stream).order_by(Stream.id).limit(limit + 1)
+    if cursor is not None:
+        statement = statement.where(Stream.id > _decode_cursor(cursor))
+    rows = list(session.scalars(statement))
+    items = rows[:limit]
+    more = len(rows) > limit
+    return items, _encode_cursor(items[-1].id) if more else None
+
+
+def _encode_cursor(stream_id: str) -> str:
+    return base64.urlsafe_b64encode(stream_id.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> str:
+    padded = (cursor + "=" * (-len(cursor) % 4)).encode()
+    try:
+        stream_id = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        stream_id = ""
+    if not stream_id:
+        raise DataError("invalid cursor: pass back the next_cursor of a previous page")
+    return stream_id
 
 
 def list_all(session: Session) -> list[Stream]:

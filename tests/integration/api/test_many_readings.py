@@ -54,6 +54,7 @@ def client(database: Database, models: Path, tmp_path: Path) -> Iterator[TestCli
         migrate_on_start=False,
         max_batch=1000,
         checkpoint_every=250,
+        stale_periods=0,  # no stale timer: a stream posted after the others is not silent
     )
     with TestClient(create_app(settings)) as test_client:
         for stream in STREAMS:

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 from app import schemas
 from app.main import create_app
 from app.settings import Settings
+from tests.integration.conftest import AppFactory
 
 Operation = tuple[str, str, dict[str, Any]]
 PROBLEM = "application/problem+json"
@@ -19,8 +20,9 @@ PROBLEM = "application/problem+json"
 
 @pytest.fixture(scope="module")
 def openapi() -> dict[str, Any]:
-    """The document as /openapi.json serves it (building it needs no lifespan)."""
-    return create_app(Settings()).openapi()
+    """The document as /openapi.json serves it (building it needs no lifespan), of a server
+    with an API token: its writes declare the bearer scheme."""
+    return create_app(Settings(api_token="a-token-of-enough-characters")).openapi()
 
 
 def operations(openapi: dict[str, Any]) -> Iterator[Operation]:
@@ -125,3 +127,22 @@ def test_a_reading_time_is_documented_as_rfc_3339_or_epoch_seconds(
     assert {"type": "number"} in t["anyOf"]
     assert "RFC 3339" in t["description"] and "epoch" in t["description"]
     assert {type(example) for example in t["examples"]} == {str, float}
+
+
+def test_protected_reads_declare_the_bearer_scheme(make_client: AppFactory) -> None:
+    token = "a-read-only-token-for-dashboards"
+    client = make_client(read_token=token)
+    document = client.get("/openapi.json", headers={"Authorization": f"Bearer {token}"}).json()
+    for method, path, operation in operations(document):
+        # Reads need the read token; writes need nothing on a server without an API token.
+        if operation["operationId"] in ("getHealth", "getReadiness") or method != "get":
+            assert "security" not in operation and "401" not in operation["responses"]
+        else:
+            assert operation.get("security") == [{"bearerAuth": []}], (path, method)
+            assert "401" in operation["responses"], (path, method)
+
+
+def test_an_open_server_declares_no_token() -> None:
+    document = create_app(Settings()).openapi()
+    for _, _, operation in operations(document):
+        assert "security" not in operation and "401" not in operation["responses"]

@@ -128,7 +128,8 @@ def test_an_outage_answers_retry_after_and_is_logged_once(
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
 
 
-def test_metrics_expose_model_info_and_stream_series(client: TestClient) -> None:
+def test_metrics_expose_model_info_and_stream_series(make_client: AppFactory) -> None:
+    client = make_client(metrics_per_stream="all")
     client.put("/v1/streams/pump-1", json={})
     samples = samples_of(client)
     info = {labels["model"]: (labels, value) for labels, value in samples["twinwatch_model_info"]}
@@ -145,14 +146,36 @@ def test_metrics_expose_model_info_and_stream_series(client: TestClient) -> None
     assert "twinwatch_readings_rejected_total" not in after
 
 
+def test_by_default_a_healthy_stream_adds_no_series(make_client: AppFactory) -> None:
+    """The default (`alarms`): aggregates always, a stream's series only when it alarms; with
+    `none`, never."""
+    client = make_client()
+    for stream in ("pump-1", "pump-2"):
+        client.put(f"/v1/streams/{stream}", json={})
+    before = samples_of(client)
+    assert not [
+        name for name, rows in before.items() if any("stream" in labels for labels, _ in rows)
+    ]
+    assert before["twinwatch_streams"] == [
+        ({"state": "ok"}, 2.0),
+        ({"state": "alarm"}, 0.0),
+        ({"state": "stale"}, 0.0),
+    ]
+    assert before["twinwatch_readings_accepted_total"] == [({}, 0.0)]
+
+    quiet = make_client(metrics_per_stream="none")
+    assert "twinwatch_alarm_active" not in samples_of(quiet)
+    assert samples_of(quiet)["twinwatch_streams"][0] == ({"state": "ok"}, 2.0)
+
+
 def test_each_app_has_its_own_metrics(make_client: AppFactory) -> None:
-    first, second = make_client(), make_client()
+    first, second = make_client(metrics_per_stream="all"), make_client(metrics_per_stream="all")
     first.put("/v1/streams/only-in-first", json={})
     second_samples = samples_of(second)
     # The second app's registry never saw the first app's PUT (they share the database, so a
     # restart would: it pre-creates series for existing streams at start-up).
     assert "twinwatch_readings_total" not in second_samples
-    third = make_client()
+    third = make_client(metrics_per_stream="all")
     assert samples_of(third)["twinwatch_readings_total"] == [({"stream": "only-in-first"}, 0.0)]
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from fastapi.testclient import TestClient
@@ -124,7 +126,10 @@ def test_unknown_route_and_wrong_method(client: TestClient) -> None:
     wrong = client.patch("/v1/streams/pump-1", json={})
     body = assert_problem(wrong, 405, "method-not-allowed")
     assert "PATCH is not allowed" in str(body["detail"])
-    assert "PUT" in wrong.headers["allow"]
+    # Every method of the path, though a stream's PUT, GET and DELETE are separate routes.
+    assert wrong.headers["allow"] == "DELETE, GET, HEAD, PUT"
+    assert "DELETE, GET, HEAD, PUT" in str(body["detail"])
+    assert client.options("/v1/streams/x").headers["allow"] == "DELETE, GET, HEAD, PUT"
 
 
 @pytest.fixture
@@ -193,3 +198,45 @@ def test_openapi_documents_the_api(client: TestClient) -> None:
     many = schema["components"]["schemas"]["ManyReadingsIn"]
     assert many["properties"]["streams"]["items"]["$ref"].endswith("/StreamReadingsIn")
     assert {"StreamReadingsIn", "ReadingIn"} <= set(schema["components"]["schemas"])
+
+
+def test_a_client_gone_mid_body_is_one_log_line_not_a_500(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A client that hangs up while sending its body: nothing to answer, nothing stored, and
+    one line in the log (not an unhandled error with its tracebacks)."""
+    assert client.put("/v1/streams/pump-1", json={}).status_code == 201
+    sent: list[dict[str, Any]] = []
+    parts = [
+        {"type": "http.request", "body": b'{"readings": [{"t": 1767225600, ', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+
+    async def receive() -> dict[str, Any]:
+        return parts.pop(0) if parts else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/streams/pump-1/readings",
+        "raw_path": b"/v1/streams/pump-1/readings",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"4000")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+        "state": dict(client.app_state),
+    }
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        anyio.run(client.app, scope, receive, send)  # type: ignore[arg-type]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert [r for r in caplog.records if "disconnected" in r.getMessage()]
+    statuses = [m["status"] for m in sent if m["type"] == "http.response.start"]
+    assert all(status < 500 for status in statuses), statuses
+    assert client.get("/v1/streams/pump-1").json()["samples_seen"] == 0

@@ -23,7 +23,8 @@ def metric(client, name: str, stream: str) -> float | None:  # type: ignore[no-u
 def test_a_silent_stream_goes_stale_and_its_next_reading_closes_it(
     make_client: AppFactory,
 ) -> None:
-    client = make_client(stale_periods=5)  # 5 periods of 0.1 s: half a second of silence
+    # 5 periods of 0.1 s: half a second of silence. Every per-stream series (the silence too).
+    client = make_client(stale_periods=5, metrics_per_stream="all")
     client.put("/v1/streams/s", json={"model": "lstm-seed0", "sample_period_s": 0.1})
     rows = [{"t": START + 0.1 * i, "value": 0.0} for i in range(20)]
     assert client.post("/v1/streams/s/readings", json={"readings": rows}).status_code == 200
@@ -44,5 +45,20 @@ def test_a_silent_stream_goes_stale_and_its_next_reading_closes_it(
     (alarm,) = client.get("/v1/alarms", params={"stream": "s", "detector": "stale"}).json()["items"]
     assert alarm["state"] == "closed" and alarm["closed_sample"] == 20
     assert metric(client, "twinwatch_stream_stale", "s") == 0.0
+    assert metric(client, "twinwatch_seconds_since_reading", "s") is not None
     incident = client.get(f"/v1/incidents/{alarm['incident']}").json()
     assert incident["state"] == "closed" and "stale" in incident["detectors"]
+
+
+def test_by_default_only_a_stale_stream_has_a_stale_series(make_client: AppFactory) -> None:
+    client = make_client(stale_periods=5)
+    client.put("/v1/streams/s", json={"model": "lstm-seed0", "sample_period_s": 0.1})
+    rows = [{"t": START + 0.1 * i, "value": 0.0} for i in range(20)]
+    assert client.post("/v1/streams/s/readings", json={"readings": rows}).status_code == 200
+    assert metric(client, "twinwatch_stream_stale", "s") is None
+    assert metric(client, "twinwatch_seconds_since_reading", "s") is None
+    deadline = time.monotonic() + 10
+    while metric(client, "twinwatch_stream_stale", "s") != 1.0:
+        assert time.monotonic() < deadline, "no stale alarm"
+        time.sleep(0.1)
+    assert metric(client, "twinwatch_alarms_total", "s") == 1.0  # the stale alarm

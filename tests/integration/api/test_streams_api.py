@@ -79,6 +79,33 @@ def test_list_and_delete(client: TestClient, database: Database) -> None:
     assert client.delete("/v1/streams/a").status_code == 404
 
 
+def test_the_list_pages_in_id_order(client: TestClient, database: Database) -> None:
+    ids = [f"s{i:02d}" for i in range(7)]
+    for stream_id in reversed(ids):
+        assert client.put(f"/v1/streams/{stream_id}", json={}).status_code == 201
+    with database.session() as session:
+        make_alarm(session, "s05", sample=5, closed_after=None)
+    seen: list[str] = []
+    cursor = None
+    for _ in range(4):
+        params: dict[str, str | int] = {"limit": 3}
+        if cursor is not None:
+            params["cursor"] = cursor
+        page = client.get("/v1/streams", params=params).json()
+        seen += [item["id"] for item in page["items"]]
+        for item in page["items"]:
+            assert len(item["open_alarms"]) == (1 if item["id"] == "s05" else 0)
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids
+    assert client.get("/v1/streams").json()["next_cursor"] is None  # 100 by default
+    for bad in ({"limit": 0}, {"limit": 1001}, {"cursor": "%%%"}):
+        answer = client.get("/v1/streams", params=bad)
+        assert answer.status_code == 422, bad
+        assert answer.headers["content-type"] == "application/problem+json"
+
+
 def test_model_channels_and_reference_are_fixed_once_readings_arrived(
     client: TestClient, database: Database
 ) -> None:

@@ -218,3 +218,38 @@ def test_batch_times_are_stored_as_the_orm_stores_them() -> None:
         datetime(2027, 1, 1, 0, 30, tzinfo=paris),
     ):
         assert reading_repo.sqlite_time(t) == processor(t)
+
+
+def test_pack_merges_the_small_rows_a_checkpoint_passed_and_keeps_every_reading(
+    stream_db: Database,
+) -> None:
+    """Ticks of one reading become one row once checkpointed past; a big batch, the rows after
+    the checkpoint and another stream's rows stay as they were; every reading reads back the
+    same, by sample and by time, and a batch without references packs as NaN beside one with."""
+    singles = [batch(i, 1) for i in range(10)]
+    singles[3] = NewBatch("pump-1", 3, singles[3].micros, singles[3].values, None)
+    with stream_db.session() as session:
+        insert(session, *singles, batch(10, 100), *[batch(110 + i, 1) for i in range(5)])
+        insert(session, *[batch(i, 1, "pump-2") for i in range(5)])
+        insert(session, *[batch(115 + i, 1) for i in range(5)])  # after the checkpoint
+    with stream_db.session() as session:
+        before = reading_repo.batches_from(session, stream_id="pump-1")
+        assert reading_repo.pack(session, stream_id="pump-1", before_sample=115) == 15
+    with stream_db.session() as session:
+        after = reading_repo.batches_from(session, stream_id="pump-1")
+        assert [(b.first_sample, len(b.micros)) for b in after] == [
+            (0, 10),
+            (10, 100),
+            (110, 5),
+        ] + [(115 + i, 1) for i in range(5)]
+        for name in ("micros", "values", "references_or_nan"):
+            np.testing.assert_array_equal(
+                np.concatenate([getattr(b, name) for b in after]),
+                np.concatenate([getattr(b, name) for b in before]),
+            )
+        assert math.isnan(after[0].references_or_nan[3])
+        assert len(reading_repo.batches_from(session, stream_id="pump-2")) == 5
+        found = reading_repo.existing_at(session, stream_id="pump-1", times=[time_at(7)])
+        assert found[time_at(7)].sample == 7
+        assert reading_repo.time_of(session, stream_id="pump-1", sample=112) == time_at(112)
+        assert reading_repo.pack(session, stream_id="pump-1", before_sample=115) == 0
