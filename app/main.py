@@ -109,8 +109,7 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
             lstm=settings.learning_lstm,
         )
         streams.on_learning_due = learner.submit
-        track_streams(database, metrics)
-        resume_streams(streams, metrics)
+        resume_streams(database, streams, metrics)
     except BaseException:
         database.dispose()
         raise
@@ -145,11 +144,10 @@ def _track(
         metrics.set_open_incidents(stream_id, incident_repo.open_counts(session).get(stream_id, 0))
 
 
-def resume_streams(streams: LiveStreams, metrics: Metrics) -> None:
-    """Restore every stream (its checkpoint and the readings after it) before the first
-    request, so its metric series (alarm counters included) exist from the first scrape after
-    a restart, and its stale alarm and due fit are there. Takes a few milliseconds a stream
-    (docs/benchmarks.md: minutes for 100,000)."""
+def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -> None:
+    """Restore every stream (its checkpoint and the readings after it), so its metric series
+    (alarm counters included) exist from the first scrape after a restart and an alarm raised
+    then is seen as an increase."""
     started = time.monotonic()
     for stream_id, problem in streams.restore_all():
         log.warning("stream %s cannot resume: %s", stream_id, problem)
@@ -159,16 +157,12 @@ def resume_streams(streams: LiveStreams, metrics: Metrics) -> None:
         )
         if live.stale_since is not None:
             metrics.publish_stale(live.stream_id, stale=True)
-    log.info("%d streams resumed in %.1f s", len(streams), time.monotonic() - started)
-
-
-def track_streams(database: Database, metrics: Metrics) -> None:
-    """Every stream's series from its row (quick: two queries), before the first request."""
     with database.session() as session:
         for stream in stream_repo.list_all(session):
             metrics.track_stream(stream.id, detectors=())
         for stream_id, count in incident_repo.open_counts(session).items():
             metrics.set_open_incidents(stream_id, count)
+    log.info("%d streams resumed in %.1f s", len(streams), time.monotonic() - started)
 
 
 def create_app(
@@ -216,16 +210,16 @@ def create_app(
         lifespan=lifespan,
     )
     install_problem_handlers(app)
+    readers = settings.read_tokens()
     document_schemas(
         app,
         [Problem, ReadingsIn, ManyReadingsIn],
         writes_protected=settings.api_token is not None,
-        reads_protected=settings.read_tokens() is not None,
+        reads_protected=readers is not None,
     )
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_body_bytes)
-    accepted = settings.read_tokens()
-    if accepted is not None:
-        app.add_middleware(DocumentsAccessMiddleware, accepted=accepted)
+    if readers is not None:
+        app.add_middleware(DocumentsAccessMiddleware, accepted=readers)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 413 carries it too
     for module in (health, streams, readings, alarms, incidents, models):
         app.include_router(module.router)

@@ -497,12 +497,6 @@ def _reading_time(value: Any) -> Any:
             f"{LATEST_EPOCH_S:.0e} (the year 2603); {value!r} is not (milliseconds? divide "
             "by 1,000)"
         )
-    return rfc3339_text(value)
-
-
-def rfc3339_text(value: Any) -> Any:
-    """Refuse a number in a string where a time is expected (pydantic would read it as epoch
-    seconds or milliseconds): a time as text is RFC 3339 with its offset."""
     if isinstance(value, str) and _NUMERIC.fullmatch(value.strip()):
         raise ValueError(
             "a time given as a string is RFC 3339 with its offset; seconds since the epoch "

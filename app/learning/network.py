@@ -32,7 +32,7 @@ LSTM_MIN_READINGS = 10_000
 train a network that beats a linear model."""
 LSTM_MAX_READINGS = 60_000
 """The latest training readings the network trains on: a longer learning period adds little
-and would keep the stream learning for many minutes."""
+to the fit and only lengthens the training, while the stream is still learning."""
 LSTM_CLEARLY_BETTER = 0.8
 """The network's hold-out mean squared error must be at most 0.8 x the linear model's."""
 LSTM_TRAINING = TrainingConfig(epochs=30, batch_size=4, patience=5, validation=500, seed=0)

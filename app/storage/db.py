@@ -79,10 +79,6 @@ class Outage:
         self._since: float | None = None
         self._failures = 0
 
-    @property
-    def ongoing(self) -> bool:
-        return self._since is not None
-
     def failed(self, where: str, exc: BaseException) -> None:
         with self._guard:
             first = self._since is None

@@ -215,8 +215,9 @@ class ReadingBatch(Base):
     state (a restart replays the batches after the last checkpoint, as they arrived) and to
     recognise re-sends.
 
-    One row per batch, not per reading: 1,000 readings are one row of three arrays, written in
-    a fraction of a millisecond where 1,000 rows took ten. `times` are int64 microseconds since
+    One row per batch, not per reading: 1,000 readings are one row of three arrays, one insert
+    instead of a thousand (docs/benchmarks.md); a stream's rows of a few readings are packed
+    together at its checkpoints (`readings.pack`). `times` are int64 microseconds since
     the Unix epoch, `channel_values` float64 (count x channels, row-major, in the stream's
     channel order) and `reference_values` float64 or NULL for a stream without references; all
     little-endian, NaN for a missing number (accepted numbers are finite). A stream's channels

@@ -53,6 +53,20 @@ def auto_client(make_client: AppFactory) -> TestClient:
     return make_client(default_model="auto")
 
 
+def hold_the_fit(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make the next fits wait until `release` is set; `started` is set when one begins."""
+    release, started = threading.Event(), threading.Event()
+    real_learn = learning_module.learn
+
+    def slow_learn(*args: Any, **kwargs: Any) -> Any:
+        started.set()
+        assert release.wait(30)
+        return real_learn(*args, **kwargs)
+
+    monkeypatch.setattr(learning_module, "learn", slow_learn)
+    return release, started
+
+
 def test_a_stream_learns_while_readings_keep_coming_and_monitors_each_of_them(
     auto_client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -66,15 +80,7 @@ def test_a_stream_learns_while_readings_keep_coming_and_monitors_each_of_them(
     assert body["sample_period_s"] is None
 
     # Hold the fit until the test says so: readings arrive while it runs.
-    release, started = threading.Event(), threading.Event()
-    real_learn = learning_module.learn
-
-    def slow_learn(*args: Any, **kwargs: Any) -> Any:
-        started.set()
-        assert release.wait(30)
-        return real_learn(*args, **kwargs)
-
-    monkeypatch.setattr(learning_module, "learn", slow_learn)
+    release, started = hold_the_fit(monkeypatch)
 
     data = normal(600)
     data[420:470, 0] -= 5.0  # the flow drops while the model is being fitted
@@ -224,15 +230,7 @@ def test_a_reconfiguration_during_the_fit_fits_again(
     auto_client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     client = auto_client
-    release, started = threading.Event(), threading.Event()
-    real_learn = learning_module.learn
-
-    def slow_learn(*args: Any, **kwargs: Any) -> Any:
-        started.set()
-        assert release.wait(30)
-        return real_learn(*args, **kwargs)
-
-    monkeypatch.setattr(learning_module, "learn", slow_learn)
+    release, started = hold_the_fit(monkeypatch)
     client.put("/v1/streams/r", json={"learning": {"readings": 150}})
     values = 5 + np.random.default_rng(5).normal(0, 1, 300)
     rows = [{"t": START + i, "value": float(v)} for i, v in enumerate(values)]
