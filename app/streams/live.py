@@ -35,7 +35,8 @@ from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import MonitorConfig
 from app.registry import AUTO, ModelRegistry, RegisteredModel
 from app.storage.db import Database
-from app.storage.models import Stream
+from app.storage.models import LearnedModel as LearnedModelRow
+from app.storage.models import Stream, StreamCheckpoint
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import learned as learned_repo
@@ -54,6 +55,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHECKPOINT_EVERY = 1000
 """Readings between two checkpoints of a stream: what a restart replays at most."""
+
+RESTORED_TOGETHER = 1000
+"""Streams restored from one set of queries (their rows, checkpoints and readings since)."""
 
 
 def monitor_config(model: RegisteredModel, overrides: dict[str, Any]) -> MonitorConfig:
@@ -182,14 +186,14 @@ class LiveStreams:
             for stream_id in wanted:  # a stream was deleted meanwhile: look again
                 slots[stream_id].lock.release()
         pending.held.update(slots)
-        lives = []
-        for stream_id in stream_ids:
-            slot = pending.held[stream_id]
-            live = slot.live or pending.restored.get(stream_id)
-            if live is None:
-                live = pending.restored[stream_id] = self._restore(session, stream_id)[0]
-            lives.append(live)
-        return lives
+        unrestored = [
+            stream_id
+            for stream_id in dict.fromkeys(stream_ids)
+            if pending.held[stream_id].live is None and stream_id not in pending.restored
+        ]
+        for stream_id, (live, _) in self._restore(session, unrestored).items():
+            pending.restored[stream_id] = live
+        return [pending.held[i].live or pending.restored[i] for i in stream_ids]
 
     def on_end(
         self,
@@ -218,14 +222,51 @@ class LiveStreams:
         return known
 
     def _restore(
-        self, session: Session, stream_id: str, *, events_from: int | None = None
+        self, session: Session, stream_ids: Sequence[str], *, events_from: int | None = None
+    ) -> dict[str, tuple[LiveStream, Replayed]]:
+        """The streams' states from their checkpoints and the readings stored after them, and
+        the events each replay raised from sample `events_from` on (none without it). Read
+        `RESTORED_TOGETHER` streams at a time: a start-up or a gateway's tick restores many."""
+        restored = {}
+        for start in range(0, len(stream_ids), RESTORED_TOGETHER):
+            chunk = stream_ids[start : start + RESTORED_TOGETHER]
+            streams = stream_repo.require_many(session, chunk)
+            checkpoints = checkpoint_repo.get_many(session, chunk)
+            learned = learned_repo.get_many(
+                session, [stream.id for stream in streams if stream.model_name == AUTO]
+            )
+            stored = reading_repo.batches_after_checkpoints(session, chunk)
+            stale_since = {
+                row.stream_id: row.opened_sample
+                for row in alarm_repo.list_open(session, stream_ids=chunk)
+                if row.detector == "stale"
+            }
+            for stream in streams:
+                restored[stream.id] = self._restored(
+                    session,
+                    stream,
+                    self._kind(stream, learned.get(stream.id)),
+                    checkpoints.get(stream.id),
+                    stored.get(stream.id, []),
+                    stale_since=stale_since.get(stream.id),
+                    events_from=events_from,
+                )
+        return restored
+
+    def _restored(
+        self,
+        session: Session,
+        stream: Stream,
+        kind: _Kind,
+        checkpoint: StreamCheckpoint | None,
+        stored: list[reading_repo.StoredBatch],
+        *,
+        stale_since: int | None,
+        events_from: int | None,
     ) -> tuple[LiveStream, Replayed]:
-        """The stream's state from its checkpoint and the readings stored after it, and the
-        events its replay raised from sample `events_from` on (none without it)."""
-        stream = stream_repo.require(session, stream_id)
-        kind = self._kind(session, stream)
+        """One stream's state: its checkpoint's (a new one without) advanced through the
+        readings `stored` after it."""
         recurrence, period = kind.recurrence, kind.sample_period_s
-        checkpoint = checkpoint_repo.get(session, stream.id)
         if checkpoint is None:
             state = recurrence.new_state()
             due = 1 + zlib.crc32(stream.id.encode()) % self.checkpoint_every  # staggered
@@ -240,7 +281,7 @@ class LiveStreams:
                 # The detectors were reconfigured since: they start afresh from this reading.
                 state = recurrence.restore(saved, last_time, fresh_monitor=True)
             due = state.samples + self.checkpoint_every
-        stored = reading_repo.batches_from(session, stream_id=stream.id, first_sample=state.samples)
+        stored = [batch for batch in stored if batch.first_sample >= state.samples]
         replayed = Replayed()
         if stored:
             expected = state.samples
@@ -284,14 +325,7 @@ class LiveStreams:
             learning=kind.learning,
             learned=kind.learned,
             revised_from=kind.revisions[-1][0] if kind.revisions else (kind.quiet_until or 0),
-            stale_since=next(
-                (
-                    row.opened_sample
-                    for row in alarm_repo.list_open(session, stream_id=stream.id)
-                    if row.detector == "stale"
-                ),
-                None,
-            ),
+            stale_since=stale_since,
         )
         if kind.learning is not None:
             times = reading_repo.all_times(session, stream_id=stream.id)
@@ -299,15 +333,14 @@ class LiveStreams:
             kind.learning.end = kind.learning.plan.end(times)
         return live, replayed
 
-    def _kind(self, session: Session, stream: Stream) -> _Kind:
-        """What processes the stream: its named model, its learned one, or (still learning)
-        the learning recurrence."""
+    def _kind(self, stream: Stream, row: LearnedModelRow | None) -> _Kind:
+        """What processes the stream: its named model, its learned one (`row`), or (still
+        learning) the learning recurrence."""
         if stream.model_name != AUTO:
             model = self.registry.require(stream.model_name)
             period = stream.sample_period_s if stream.sample_period_s is not None else 0.1
             recurrence = self.recurrence_for(model, stream.detector_overrides)
             return _Kind(recurrence, period, model.version)
-        row = learned_repo.get(session, stream.id)
         if row is None or row.model is None:
             learning = Learning(
                 LearningPlan.of(stream.learning),
@@ -428,7 +461,7 @@ class LiveStreams:
                 for row in alarm_repo.list_open(session, stream_id=stream_id)
             ]
             checkpoint_repo.delete(session, stream_id)
-            live, replayed = self._restore(session, stream_id, events_from=end)
+            live, replayed = self._restore(session, [stream_id], events_from=end)[stream_id]
             open_events = live.recurrence.monitor.open_events(live.state.monitor)
             applied = alarm_repo.apply(
                 session,
@@ -481,7 +514,7 @@ class LiveStreams:
             pending = _pending(session)
             pending.restored.pop(stream_id, None)
             pending.held[stream_id].live = None
-            pending.restored[stream_id] = self._restore(session, stream_id)[0]
+            pending.restored[stream_id] = self._restore(session, [stream_id])[stream_id][0]
         return True
 
     def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
@@ -536,14 +569,21 @@ class LiveStreams:
         problems = []
         with self.database.session() as session:
             ids = [stream.id for stream in stream_repo.list_all(session)]
-        for stream_id in ids:
+        for start in range(0, len(ids), RESTORED_TOGETHER):
+            chunk = ids[start : start + RESTORED_TOGETHER]
             try:
                 with self.database.session() as session:
-                    live = self.hold(session, [stream_id])[0]
-            except (DataError, ArtifactError) as exc:
-                problems.append((stream_id, exc.detail))
-                continue
-            self.learn_if_due(live)
+                    lives = self.hold(session, chunk)
+            except (DataError, ArtifactError):  # one by one, to say which cannot
+                lives = []
+                for stream_id in chunk:
+                    try:
+                        with self.database.session() as session:
+                            lives += self.hold(session, [stream_id])
+                    except (DataError, ArtifactError) as exc:
+                        problems.append((stream_id, exc.detail))
+            for live in lives:
+                self.learn_if_due(live)
         return problems
 
     def learn_if_due(self, live: LiveStream) -> None:

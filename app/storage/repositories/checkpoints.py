@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import bindparam, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy import delete as sql_delete
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
@@ -69,3 +70,9 @@ def delete(session: Session, stream_id: str) -> None:
         sql_delete(StreamCheckpoint).where(StreamCheckpoint.stream_id == stream_id),
         execution_options={"synchronize_session": "fetch"},
     )
+
+
+def get_many(session: Session, stream_ids: Sequence[str]) -> dict[str, StreamCheckpoint]:
+    """The checkpoints of those of the streams that have one, by stream."""
+    statement = select(StreamCheckpoint).where(StreamCheckpoint.stream_id.in_(stream_ids))
+    return {row.stream_id: row for row in session.scalars(statement)}

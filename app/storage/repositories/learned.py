@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import delete as sql_delete
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.storage.models import LearnedModel
@@ -50,3 +52,11 @@ def delete(session: Session, stream_id: str) -> None:
         sql_delete(LearnedModel).where(LearnedModel.stream_id == stream_id),
         execution_options={"synchronize_session": "fetch"},
     )
+
+
+def get_many(session: Session, stream_ids: Sequence[str]) -> dict[str, LearnedModel]:
+    """The rows of those of the streams that have one, by stream."""
+    if not stream_ids:
+        return {}
+    statement = select(LearnedModel).where(LearnedModel.stream_id.in_(stream_ids))
+    return {row.stream_id: row for row in session.scalars(statement)}

@@ -14,7 +14,7 @@ from pydantic_core import TzInfo
 from sqlalchemy import CursorResult, Row, delete, func, select, text
 from sqlalchemy.orm import Session
 
-from app.storage.models import ReadingBatch
+from app.storage.models import ReadingBatch, StreamCheckpoint
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -345,6 +345,26 @@ def batches_from(session: Session, *, stream_id: str, first_sample: int = 0) -> 
         .order_by(ReadingBatch.first_sample)
     )
     return [_stored(row) for row in session.scalars(statement)]
+
+
+def batches_after_checkpoints(
+    session: Session, stream_ids: Sequence[str]
+) -> dict[str, list[StoredBatch]]:
+    """Each stream's batches from its checkpoint on (from its first reading without one), oldest
+    first: what restoring the streams replays."""
+    statement = (
+        select(ReadingBatch.__table__)  # rows, not ORM objects: many are read at a start-up
+        .outerjoin(StreamCheckpoint, StreamCheckpoint.stream_id == ReadingBatch.stream_id)
+        .where(
+            ReadingBatch.stream_id.in_(stream_ids),
+            ReadingBatch.first_sample >= func.coalesce(StreamCheckpoint.sample_count, 0),
+        )
+        .order_by(ReadingBatch.stream_id, ReadingBatch.first_sample)
+    )
+    batches: dict[str, list[StoredBatch]] = {}
+    for row in session.execute(statement):
+        batches.setdefault(row.stream_id, []).append(_stored(row))
+    return batches
 
 
 def existing_at(

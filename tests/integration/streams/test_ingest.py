@@ -22,6 +22,7 @@ from app.schemas import ReadingIn
 from app.storage.db import Database
 from app.storage.repositories import checkpoints, streams
 from app.storage.repositories import readings as reading_repo
+from app.streams import live as live_module
 from app.streams.ingest import IngestOutcome, ingest
 from app.streams.live import LiveStreams
 from tests.support.models import calibrated_lab_model, lab_series, stateful_lab_model
@@ -161,6 +162,37 @@ def test_a_clean_stop_checkpoints_every_stream_that_moved(database: Database, mo
     fresh = Service(database, models)  # as at the next start: nothing to replay
     assert fresh.streams.restore_all() == []
     assert fresh.position("p") == (80, reading_repo.micro(reading(0, 79).t))
+
+
+def test_a_start_restores_streams_together_exactly_and_names_the_one_that_cannot(
+    database: Database, models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams restored several at a time (their checkpoints, the readings after them, none
+    at all) get the states they had; a bad checkpoint keeps only its own stream out."""
+    monkeypatch.setattr(live_module, "RESTORED_TOGETHER", 4)
+    service = Service(database, models, checkpoint_every=97)
+    kinds = ["lstm-seed0", "lstm-stateful-lab"]
+    names = [f"s-{i:02d}" for i in range(11)]
+    for i, name in enumerate(names):
+        service.create(name, kinds[i % 2])
+        if i % 5:  # every fifth has no reading yet
+            service.ingest([(name, batch(0, 40 + 31 * i, i))])
+    states = {name: service.checkpoint(name) for name in names if service.position(name)}
+    with database.session() as session:  # as a checkpoint written by another version
+        saved = checkpoints.get(session, "s-07")
+        assert saved is not None
+        saved.state_version = -1
+    fresh = Service(database, models, checkpoint_every=97)
+    assert fresh.streams.restore_all() == [
+        ("s-07", "stream 's-07' has a checkpoint of another version")
+    ]
+    for name in names:
+        if name == "s-07":
+            assert fresh.position(name) is None
+        elif name in states:
+            assert fresh.checkpoint(name) == states[name]
+        else:
+            assert fresh.position(name) == (0, None)
 
 
 def test_unknown_streams_allocate_nothing(database: Database, models: Path) -> None:
