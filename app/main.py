@@ -22,13 +22,13 @@ from app.api import alarms, health, incidents, models, readings, streams
 from app.api.deps import AppState, DocumentsAccessMiddleware
 from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
+from app.catalogue import register_models
 from app.forecasting.training import use_one_thread
 from app.logs import RequestIdMiddleware
 from app.metrics import Metrics
 from app.registry import (
     AUTO,
     ArtifactLoader,
-    ModelRegistry,
     default_loader,
     load_models,
     model_directories,
@@ -36,9 +36,9 @@ from app.registry import (
 from app.schemas import ManyReadingsIn, Problem, ReadingsIn
 from app.settings import Settings
 from app.storage import migrations
+from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
 from app.storage.repositories import incidents as incident_repo
-from app.storage.repositories import model_entries
 from app.storage.repositories import streams as stream_repo
 from app.storage.repositories.alarms import Applied
 from app.streams.learning import Learner
@@ -50,35 +50,6 @@ log = logging.getLogger(__name__)
 
 class LifespanState(TypedDict):
     twinwatch: AppState
-
-
-def register_models(database: Database, registry: ModelRegistry) -> None:
-    """Record what was loaded, so alarms and audits can name the exact model version; and the
-    model "auto" of streams that learn their own."""
-    with database.session() as session:
-        model_entries.upsert(
-            session,
-            name=AUTO,
-            version="1",
-            kind="learned",
-            manifest_sha256="",
-            config={"kind": "learned", "description": "each stream learns its own model"},
-            metrics={},
-            thresholds={},
-            loaded_at=datetime.now(UTC),
-        )
-        for model in registry:
-            model_entries.upsert(
-                session,
-                name=model.name,
-                version=model.version,
-                kind=model.kind,
-                manifest_sha256=model.manifest_sha256,
-                config=model.forecaster.config(),
-                metrics=model.metrics,
-                thresholds=model.thresholds,
-                loaded_at=model.loaded_at,
-            )
 
 
 def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> AppState:
@@ -94,7 +65,8 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         registry = load_models(model_directories(settings), loaded_at=started_at, loader=loader)
         if settings.default_model not in registry and settings.default_model != AUTO:
             log.warning("default model %r is not loaded", settings.default_model)
-        register_models(database, registry)
+        store = ArtifactStore(settings.artifacts_root)
+        registry = register_models(database, registry, store, loader=loader)
         metrics.set_models(registry)
         retention = settings.readings_retention_days
         streams = LiveStreams(
@@ -117,6 +89,8 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         settings=settings,
         database=database,
         registry=registry,
+        store=store,
+        loader=loader,
         metrics=metrics,
         streams=streams,
         learner=learner,

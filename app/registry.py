@@ -18,7 +18,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.errors import AppError, DataError
+from app.errors import AppError, ArtifactError, DataError
 from app.forecasting.base import Forecaster
 from app.settings import Settings
 
@@ -108,8 +108,12 @@ def _mapping(value: object) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ModelRegistry:
+    """The loaded models: each name's active version (`models`), and other versions that
+    streams run (`others`, by name and version), loaded as they are needed."""
+
     models: Mapping[str, RegisteredModel] = field(default_factory=dict)
     errors: Mapping[str, str] = field(default_factory=dict)
+    others: dict[tuple[str, str], RegisteredModel] = field(default_factory=dict)
 
     def __contains__(self, name: object) -> bool:
         return name in self.models
@@ -123,20 +127,36 @@ class ModelRegistry:
     def get(self, name: str) -> RegisteredModel | None:
         return self.models.get(name)
 
-    def require(self, name: str) -> RegisteredModel:
+    def require(self, name: str, version: str | None = None) -> RegisteredModel:
+        """The model's active version, or the version asked for."""
         model = self.models.get(name)
+        if version is not None and (model is None or model.version != version):
+            other = self.others.get((name, version))
+            if other is None:
+                raise ArtifactError(f"model {name!r} version {version} is not loaded", model=name)
+            return other
         if model is None:
             loaded = ", ".join(sorted(self.models)) or "none"
             raise DataError(f"model {name!r} is not loaded (loaded: {loaded})", model=name)
         return model
 
+    def add(self, model: RegisteredModel) -> None:
+        """A version loaded beside the active ones (one a stream is promoted to)."""
+        self.others[(model.name, model.version)] = model
 
-def register(artifact: Artifact, *, name: str, loaded_at: datetime) -> RegisteredModel:
+
+def register(
+    artifact: Artifact, *, name: str, loaded_at: datetime, version: int | None = None
+) -> RegisteredModel:
+    """`version`: its number among the name's versions (until the catalogue has numbered it,
+    the manifest's own version, or its hash's first digits)."""
     sha = manifest_sha256(artifact.manifest)
-    version = artifact.manifest.get("version")
+    stated = artifact.manifest.get("version")
+    if version is not None:
+        stated = version
     return RegisteredModel(
         name=name,
-        version=str(version) if isinstance(version, str | int) else sha[:12],
+        version=str(stated) if isinstance(stated, str | int) else sha[:12],
         manifest_sha256=sha,
         loaded_at=loaded_at,
         artifact=artifact,

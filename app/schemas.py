@@ -24,7 +24,7 @@ from app.learning.learn import DEFAULT_LEARNING_READINGS
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.detectors import DETECTORS
 from app.registry import NAME_PATTERN, RegisteredModel
-from app.storage.models import Alarm, Incident, Stream
+from app.storage.models import Alarm, Incident, ModelVersion, Stream
 
 STREAM_ID_PATTERN = NAME_PATTERN
 """Stream ids are path segments and metric labels: short, and no characters that need escaping."""
@@ -429,6 +429,10 @@ class StreamOut(BaseModel):
     sample_period_s: float | None = Field(
         description="Null while a learning stream has not inferred it yet."
     )
+    model_version: int | None = Field(
+        description="The version of `model` it runs once a promotion or rollback named one; "
+        "null: the model's active version."
+    )
     has_reference: bool
     phase: Literal["learning", "monitoring"] = "monitoring"
     learning_remaining: int = Field(0, description="Readings still to learn from.")
@@ -460,6 +464,7 @@ class StreamOut(BaseModel):
         return cls(
             id=stream.id,
             model=stream.model_name,
+            model_version=stream.model_version,
             channels=list(stream.channels),
             sample_period_s=stream.sample_period_s,
             has_reference=stream.has_reference,
@@ -687,6 +692,67 @@ class ModelOut(BaseModel):
 
 class ModelList(BaseModel):
     items: list[ModelOut]
+
+
+class ModelVersionOut(BaseModel):
+    """One version of a model, as the catalogue keeps it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "lstm-seed0",
+                    "version": 1,
+                    "kind": "lstm",
+                    "artifact_sha256": "9f2c" + "0" * 60,
+                    "status": "active",
+                    "source": {"directory": "/srv/twinwatch/models/lstm-seed0"},
+                    "metrics": {"rmse": 0.133},
+                    "thresholds": {"detectors": [{"kind": "point", "threshold": 0.525}]},
+                    "calibration": {},
+                    "created_by": "models directory",
+                    "created_at": "2026-12-01T23:00:00Z",
+                }
+            ]
+        }
+    )
+
+    name: str
+    version: int
+    kind: str
+    artifact_sha256: str = Field(
+        description="Its manifest's hash: the artifact's name in the store."
+    )
+    status: Literal["candidate", "active", "retired"] = Field(
+        description="active: the model's default version, or one a stream runs; candidate: no "
+        "stream has run it yet; retired: no stream runs it any more."
+    )
+    source: dict[str, Any] = Field(description="Where it came from (a models directory).")
+    metrics: dict[str, Any]
+    thresholds: dict[str, Any]
+    calibration: dict[str, Any] = Field(description="How its thresholds were set.")
+    created_by: str
+    created_at: datetime
+
+    @classmethod
+    def of(cls, row: ModelVersion) -> ModelVersionOut:
+        return cls.model_validate(row, from_attributes=True)
+
+
+class ModelDetail(ModelOut):
+    active_version: int = Field(description="The version streams run unless they name one.")
+    versions: list[ModelVersionOut] = Field(description="Every version, oldest first.")
+
+
+class ModelChoice(_Body):
+    """A model version for a stream to run from its next reading on."""
+
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"examples": [{"name": "lstm-seed0", "version": 2}]}
+    )
+
+    name: str = Field(pattern=NAME_PATTERN, max_length=128, description="The model's name.")
+    version: int = Field(ge=1, le=2**31 - 1, strict=True, description="One of its versions.")
 
 
 class Health(BaseModel):

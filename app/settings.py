@@ -31,6 +31,11 @@ class Settings(BaseSettings):
         description="Your model artifacts, one sub-directory each, served beside the shipped "
         "ones; a name in both is yours. Unset: the shipped models only.",
     )
+    artifacts_dir: Path | None = Field(
+        None,
+        description="Where every model version's artifact is kept, by content hash (the "
+        "models directories' are copied in at start-up). Unset: `artifacts` under data_dir.",
+    )
     shipped_models: bool = Field(
         True, description="Serve the models shipped with twinwatch (app/shipped_models/)."
     )
@@ -146,6 +151,10 @@ class Settings(BaseSettings):
             url = f"sqlite:///{(self.data_dir / 'twinwatch.db').as_posix()}"
             object.__setattr__(self, "database_url", url)
         return self
+
+    @property
+    def artifacts_root(self) -> Path:
+        return self.artifacts_dir if self.artifacts_dir is not None else self.data_dir / "artifacts"
 
     def prepare_directories(self) -> None:
         """Create the data directory (holding the default SQLite file) if it is missing."""

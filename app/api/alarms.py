@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
-from app.api.deps import ReadAccess, SessionDep, WriteAccess, utcnow
+from app.api.deps import ReadAccess, SessionDep, SingleQueryValues, WriteAccess, utcnow
 from app.api.queries import (
     CursorQuery,
     LimitQuery,
@@ -23,7 +23,9 @@ from app.schemas import (
 )
 from app.storage.repositories import alarms as alarm_repo
 
-router = APIRouter(prefix="/v1/alarms", tags=["alarms"], dependencies=[ReadAccess])
+router = APIRouter(
+    prefix="/v1/alarms", tags=["alarms"], dependencies=[ReadAccess, SingleQueryValues]
+)
 
 AlarmIdPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="The alarm's id.")]
 

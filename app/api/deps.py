@@ -16,11 +16,12 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.errors import UnauthorizedError
+from app.errors import DataError, UnauthorizedError
 from app.metrics import Metrics
-from app.registry import ModelRegistry
+from app.registry import ArtifactLoader, ModelRegistry
 from app.schemas import PROBLEM_MEDIA_TYPE
 from app.settings import Settings
+from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
 from app.streams.learning import Learner
 from app.streams.live import LiveStreams
@@ -33,6 +34,8 @@ class AppState:
     settings: Settings
     database: Database
     registry: ModelRegistry
+    store: ArtifactStore  # every model version's artifact
+    loader: ArtifactLoader  # how an artifact directory is loaded
     metrics: Metrics
     streams: LiveStreams
     learner: Learner
@@ -141,6 +144,20 @@ async def require_read_token(settings: SettingsDep, bearer: BearerCredentials) -
 WriteAccess = Depends(require_token)
 """Put `dependencies=[WriteAccess]` on every route that changes something."""
 ReadAccess = Depends(require_read_token)
+
+
+async def single_query_values(request: Request) -> None:
+    """A query parameter given more than once is refused, not settled by taking one of them:
+    no parameter of the API is a list."""
+    keys = [key for key, _ in request.query_params.multi_items()]
+    for key in dict.fromkeys(keys):
+        if keys.count(key) > 1:
+            raise DataError(
+                f"query parameter {key!r} is given {keys.count(key)} times: give it once"
+            )
+
+
+SingleQueryValues = Depends(single_query_values)
 """On every router and route that reads (all but /healthz and /readyz)."""
 
 

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
-from app.api.deps import ReadAccess, SessionDep, WriteAccess, utcnow
+from app.api.deps import ReadAccess, SessionDep, SingleQueryValues, WriteAccess, utcnow
 from app.api.queries import (
     CursorQuery,
     LimitQuery,
@@ -24,7 +24,9 @@ from app.schemas import (
 )
 from app.storage.repositories import incidents as incident_repo
 
-router = APIRouter(prefix="/v1/incidents", tags=["incidents"], dependencies=[ReadAccess])
+router = APIRouter(
+    prefix="/v1/incidents", tags=["incidents"], dependencies=[ReadAccess, SingleQueryValues]
+)
 
 IncidentIdPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="The incident's id.")]
 

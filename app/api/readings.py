@@ -16,7 +16,7 @@ from pydantic_core import to_json
 from sqlalchemy.orm import Session
 
 from app.api.bodies import json_body, json_body_openapi
-from app.api.deps import AppState, ReadAccess, SessionDep, StateDep, WriteAccess
+from app.api.deps import AppState, ReadAccess, SessionDep, SingleQueryValues, StateDep, WriteAccess
 from app.api.streams import StreamIdPath
 from app.errors import AppError, ConflictError, NotFoundError, PayloadTooLargeError
 from app.schemas import (
@@ -33,7 +33,7 @@ from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.ingest import VALUE, IngestOutcome, NewReadings, ingest
 
-router = APIRouter(prefix="/v1", tags=["readings"], dependencies=[ReadAccess])
+router = APIRouter(prefix="/v1", tags=["readings"], dependencies=[ReadAccess, SingleQueryValues])
 
 
 def _number(value: float) -> float | None:

@@ -6,6 +6,7 @@ Readings and forecasts (`POST .../readings`, `GET .../forecast`) live in `app/ap
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from datetime import datetime
 from typing import Annotated, Any
@@ -13,8 +14,17 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Response, status
 from sqlalchemy.orm import Session
 
-from app.api.deps import AppState, ReadAccess, SessionDep, StateDep, WriteAccess, utcnow
+from app.api.deps import (
+    AppState,
+    ReadAccess,
+    SessionDep,
+    SingleQueryValues,
+    StateDep,
+    WriteAccess,
+    utcnow,
+)
 from app.api.queries import CursorQuery, LimitQuery
+from app.catalogue import load_version
 from app.errors import AppError, ConflictError, DataError
 from app.learning.thresholds import LEARNED_DETECTORS
 from app.registry import AUTO
@@ -25,6 +35,7 @@ from app.schemas import (
     LearnedModelOut,
     LearningConfig,
     LearningOut,
+    ModelChoice,
     StreamConfig,
     StreamList,
     StreamLive,
@@ -33,12 +44,18 @@ from app.schemas import (
 )
 from app.storage.models import Alarm, Stream
 from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import incidents as incident_repo
 from app.storage.repositories import learned as learned_repo
+from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.live import LiveStream
 
-router = APIRouter(prefix="/v1/streams", tags=["streams"], dependencies=[ReadAccess])
+log = logging.getLogger(__name__)
+
+router = APIRouter(
+    prefix="/v1/streams", tags=["streams"], dependencies=[ReadAccess, SingleQueryValues]
+)
 
 StreamIdPath = Annotated[
     str,
@@ -285,6 +302,51 @@ def list_streams(
 )
 def get_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) -> StreamOut:
     return _described(state, session, stream_repo.require(session, stream_id))
+
+
+@router.post(
+    "/{stream_id}/model",
+    response_model=StreamOut,
+    responses=problem_responses(400, 401, 404, 409, 413, 422),
+    dependencies=[WriteAccess],
+    summary="Run a model version on the stream: promote a candidate, or roll back",
+    operation_id="switchStreamModel",
+)
+def switch_model(
+    stream_id: StreamIdPath, choice: ModelChoice, session: SessionDep, state: StateDep
+) -> StreamOut:
+    """From its next reading on, the stream runs the version named (of its model, or of
+    another with as many channels). Readings are never lost, skipped or processed twice: the
+    switch holds the stream as a request of readings does. The new version starts warm: it has
+    seen the stream's last stored readings (up to 2,000), silently. The alarms the old version
+    had open close at the switch; the alarms that follow name the new version. Rolling back is
+    the same call with the previous version (the answer's `model_version` before the call)."""
+    stream_repo.require(session, stream_id)
+    row = version_repo.require(session, choice.name, choice.version)
+    model = load_version(state.registry, row, state.store, loader=state.loader)
+    switched = state.streams.switch(session, stream_id, model)
+    for name in {switched.previous[0], choice.name}:
+        version_repo.refresh_statuses(session, name)
+    stream = stream_repo.require(session, stream_id)
+    described = _described(state, session, stream)
+    live = described.live
+    kinds = tuple(live.detectors) if live is not None else ()
+    thresholds = {} if live is None else {k: d.threshold for k, d in live.detectors.items()}
+    open_incidents = incident_repo.open_counts(session).get(stream_id, 0)
+
+    def published() -> None:
+        state.metrics.track_stream(stream_id, kinds, thresholds)
+        state.metrics.set_open_incidents(stream_id, open_incidents)
+
+    state.streams.on_end(session, commit=published)
+    log.info(
+        "stream %s switched from %s version %s to %s version %s",
+        stream_id,
+        *switched.previous,
+        model.name,
+        model.version,
+    )
+    return described
 
 
 @router.delete(

@@ -67,6 +67,41 @@ class ModelEntry(Base):
     metrics: Mapped[dict[str, Any]]
     thresholds: Mapped[dict[str, Any]]
     loaded_at: Mapped[datetime]
+    # The version streams run unless they name one (`Stream.model_version`): the one the models
+    # directory holds. None for "auto" (each stream learns its own).
+    active_version: Mapped[int | None]
+
+
+ModelStatus = Literal["candidate", "active", "retired"]
+
+
+class ModelVersion(Base):
+    """One numbered version of a model: its artifact (a directory in the artifact store, named
+    by its manifest's hash), where it came from, its metrics and thresholds, and its status:
+    `active` while it is the name's default or a stream runs it, `candidate` before any stream
+    has, `retired` once none does."""
+
+    __tablename__ = "model_versions"
+
+    name: Mapped[str] = mapped_column(
+        String(NAME_LENGTH), ForeignKey("models.name", ondelete="CASCADE"), primary_key=True
+    )
+    version: Mapped[int] = mapped_column(Integer(), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    artifact_sha256: Mapped[str] = mapped_column(String(64))
+    # {"directory": path} for a models directory's; {"stream", "since", "until"} for a job's.
+    source: Mapped[dict[str, Any]]
+    metrics: Mapped[dict[str, Any]]
+    thresholds: Mapped[dict[str, Any]]
+    calibration: Mapped[dict[str, Any]]  # how the thresholds were set
+    created_by: Mapped[str] = mapped_column(String(128))
+    created_at: Mapped[datetime]
+    status: Mapped[str] = mapped_column(String(16))
+
+    __table_args__ = (
+        CheckConstraint("status IN ('candidate', 'active', 'retired')", name="status_valid"),
+        CheckConstraint("version >= 1", name="version_positive"),
+    )
 
 
 class Stream(Base):
@@ -78,6 +113,9 @@ class Stream(Base):
     model_name: Mapped[str] = mapped_column(
         String(NAME_LENGTH), ForeignKey("models.name", ondelete="RESTRICT"), index=True
     )
+    # The version of `model_name` it runs (set by a promotion or rollback); None: the model's
+    # active version.
+    model_version: Mapped[int | None]
     channels: Mapped[list[str]]
     # None: a learning stream's period, inferred from its readings when the learning ends.
     sample_period_s: Mapped[float | None]

@@ -20,7 +20,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -55,6 +55,10 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHECKPOINT_EVERY = 1000
 """Readings between two checkpoints of a stream: what a restart replays at most."""
+
+REWARM_READINGS = 2000
+"""The stored readings a stream's new model sees (silently) when it switches to it: enough for
+its forecaster's context and its detectors' windows to be what they would have been."""
 
 RESTORED_TOGETHER = 1000
 """Streams restored from one set of queries (their rows, checkpoints and readings since)."""
@@ -291,21 +295,10 @@ class LiveStreams:
                         f"stream {stream.id!r}: readings from sample {expected} are missing"
                     )
                 expected = batch.stop
-            references = (
-                np.concatenate([batch.references_or_nan for batch in stored])
-                if stream.has_reference
-                else None
-            )
-            readings = Readings(
-                np.array([expected - state.samples]),
-                np.concatenate([batch.micros for batch in stored]),
-                np.concatenate([batch.values for batch in stored]),
-                references,
-            )
             replayed = replay(
                 recurrence if kind.base is None else kind.base,
                 state,
-                readings,
+                _joined(stored, has_reference=stream.has_reference),
                 period,
                 quiet_until=kind.quiet_until,
                 events_from=events_from,
@@ -337,7 +330,8 @@ class LiveStreams:
         """What processes the stream: its named model, its learned one (`row`), or (still
         learning) the learning recurrence."""
         if stream.model_name != AUTO:
-            model = self.registry.require(stream.model_name)
+            pinned = None if stream.model_version is None else str(stream.model_version)
+            model = self.registry.require(stream.model_name, pinned)
             period = stream.sample_period_s if stream.sample_period_s is not None else 0.1
             recurrence = self.recurrence_for(model, stream.detector_overrides)
             return _Kind(recurrence, period, model.version)
@@ -447,14 +441,6 @@ class LiveStreams:
             if learned is None:
                 return alarm_repo.Applied([], [])  # still learning, with its error, next touch
 
-            def time_of(sample: int) -> datetime:
-                stored = reading_repo.time_of(session, stream_id=stream_id, sample=sample)
-                if stored is None:  # no reading after the learning period yet
-                    stored = reading_repo.time_of(session, stream_id=stream_id, sample=sample - 1)
-                if stored is None:
-                    raise ConflictError(f"stream {stream_id!r} has no reading {sample}")
-                return stored
-
             # The learning phase's open alarms end where learning ended (their incidents too).
             ending = [
                 AlarmEvent(row.detector, row.opened_sample, end, row.peak, row.threshold, end)
@@ -469,7 +455,7 @@ class LiveStreams:
                 opened=replayed.opened,
                 closed=ending + replayed.closed,
                 peaks={event.detector: event.peak for event in open_events},
-                time_of=time_of,
+                time_of=_times_of(session, stream_id),
                 model_name=live.model_name,
                 model_version=live.model_version,
                 channels=live.channels,
@@ -516,6 +502,72 @@ class LiveStreams:
             pending.held[stream_id].live = None
             pending.restored[stream_id] = self._restore(session, [stream_id])[stream_id][0]
         return True
+
+    def switch(self, session: Session, stream_id: str, model: RegisteredModel) -> Switched:
+        """Run the stream on `model` (a version of its model or of another with as many
+        channels) from its next reading on, in `session`'s transaction. The new model is warmed
+        on the last `REWARM_READINGS` stored readings, silently; the old model's open alarms
+        close at the switch; a checkpoint of the new state is written, so a restart continues
+        from it. Holding the stream, no reading is processed twice or skipped meanwhile."""
+        live = self.hold(session, [stream_id])[0]
+        stream = stream_repo.require(session, stream_id, for_update=True)
+        if stream.model_name == AUTO:
+            raise ConflictError(
+                f"stream {stream_id!r} learns its own model: it cannot run a trained one",
+                stream=stream_id,
+            )
+        if model.forecaster.n_channels != len(stream.channels):
+            raise DataError(
+                f"model {model.name!r} takes {model.forecaster.n_channels} channel(s), stream "
+                f"{stream_id!r} has {len(stream.channels)}",
+                model=model.name,
+            )
+        recurrence = self.recurrence_for(model, stream.detector_overrides)
+        samples = live.state.samples
+        state = recurrence.new_state()
+        batches = reading_repo.batches_covering(
+            session, stream_id=stream_id, first_sample=max(0, samples - REWARM_READINGS)
+        )
+        if batches:
+            state.samples = max(batches[0].first_sample, samples - REWARM_READINGS)
+            readings = _joined(batches, has_reference=stream.has_reference, first=state.samples)
+            recurrence.advance([state], readings, [live.sample_period_s])
+            recurrence.monitor.quiet(state.monitor)  # what it saw is normal by decree
+        state.samples = samples
+        state.last_time = live.state.last_time
+        previous = (live.model_name, live.model_version)
+        ending = [
+            AlarmEvent(row.detector, row.opened_sample, samples, row.peak, row.threshold, samples)
+            for row in alarm_repo.list_open(session, stream_id=stream_id)
+            if row.detector != "stale"
+        ]
+        applied = alarm_repo.apply(
+            session,
+            stream_id=stream_id,
+            opened=[],
+            closed=ending,
+            peaks={},
+            time_of=_times_of(session, stream_id),
+            model_name=live.model_name,
+            model_version=live.model_version,
+            channels=live.channels,
+        )
+        stream.model_name = model.name
+        stream.model_version = int(model.version)
+        session.flush()
+        switched = replace(
+            live,
+            model_name=model.name,
+            model_version=model.version,
+            recurrence=recurrence,
+            state=state,
+            open_peaks={},
+        )
+        self.checkpoint(session, switched, force=True)
+        pending = _pending(session)
+        pending.held[stream_id].live = None
+        pending.restored[stream_id] = self._restore(session, [stream_id])[stream_id][0]
+        return Switched(previous, applied)
 
     def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
         """Write the stream's state (and its row's reading count), unless `force` is False and
@@ -624,6 +676,48 @@ class LiveStreams:
     def live_streams(self) -> list[LiveStream]:
         with self._guard:
             return [slot.live for slot in self._slots.values() if slot.live is not None]
+
+
+@dataclass(frozen=True)
+class Switched:
+    """What `LiveStreams.switch` did: the model (name, version) the stream ran before, and the
+    alarm rows the switch closed."""
+
+    previous: tuple[str, str]
+    applied: alarm_repo.Applied
+
+
+def _joined(
+    batches: Sequence[reading_repo.StoredBatch], *, has_reference: bool, first: int | None = None
+) -> Readings:
+    """One stream's consecutive stored batches as one block of readings, from sample `first`
+    (by default the first batch's first)."""
+    cut = 0 if first is None else first - batches[0].first_sample
+    times = np.concatenate([batch.micros for batch in batches])[cut:]
+    references = None
+    if has_reference:
+        references = np.concatenate([batch.references_or_nan for batch in batches])[cut:]
+    return Readings(
+        np.array([times.shape[0]]),
+        times,
+        np.concatenate([batch.values for batch in batches])[cut:],
+        references,
+    )
+
+
+def _times_of(session: Session, stream_id: str) -> Callable[[int], datetime]:
+    """The time of a stream's reading by its sample number; a sample not read yet (an alarm
+    that ends where the stream's readings do) takes its last reading's time."""
+
+    def time_of(sample: int) -> datetime:
+        stored = reading_repo.time_of(session, stream_id=stream_id, sample=sample)
+        if stored is None:
+            stored = reading_repo.time_of(session, stream_id=stream_id, sample=sample - 1)
+        if stored is None:
+            raise ConflictError(f"stream {stream_id!r} has no reading {sample}")
+        return stored
+
+    return time_of
 
 
 @dataclass

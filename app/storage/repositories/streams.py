@@ -153,6 +153,8 @@ def update(
     learning: dict[str, Any] | None = None,
     false_alarms_per_day: float = 1.0,
 ) -> Stream:
+    if model_name != stream.model_name:
+        stream.model_version = None  # the new model's active version
     stream.model_name = model_name
     stream.channels = list(channels)
     stream.sample_period_s = sample_period_s

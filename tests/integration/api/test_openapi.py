@@ -49,6 +49,9 @@ def test_every_operation_has_a_stable_camel_case_operation_id(openapi: dict[str,
         ("get", "/v1/incidents/{incident_id}"): "getIncident",
         ("post", "/v1/incidents/{incident_id}/acknowledge"): "acknowledgeIncident",
         ("get", "/v1/models"): "listModels",
+        ("get", "/v1/models/{name}"): "getModel",
+        ("get", "/v1/models/{name}/versions/{version}"): "getModelVersion",
+        ("post", "/v1/streams/{stream_id}/model"): "switchStreamModel",
         ("get", "/healthz"): "getHealth",
         ("get", "/readyz"): "getReadiness",
         ("get", "/metrics"): "getMetrics",
@@ -79,6 +82,7 @@ def test_every_body_documents_the_400_of_malformed_json(openapi: dict[str, Any])
         "postManyReadings",
         "acknowledgeAlarm",
         "acknowledgeIncident",
+        "switchStreamModel",
     }
     for operation_id, responses in with_body.items():
         assert {"400", "413", "422"} <= set(responses), operation_id
@@ -101,6 +105,7 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
         "postManyReadings",
         "acknowledgeAlarm",
         "acknowledgeIncident",
+        "switchStreamModel",
     }
     for _, _, operation in operations(openapi):
         assert ("401" in operation["responses"]) == (operation["operationId"] in secured)
@@ -108,7 +113,7 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
 
 def test_every_request_body_has_examples_its_model_accepts(openapi: dict[str, Any]) -> None:
     bodies = [op["requestBody"] for _, _, op in operations(openapi) if "requestBody" in op]
-    assert len(bodies) == 5
+    assert len(bodies) == 6
     for body in bodies:
         ref = body["content"]["application/json"]["schema"]["$ref"]
         name = ref.removeprefix("#/components/schemas/")

@@ -46,8 +46,10 @@ def test_models_lists_what_loaded(client: TestClient) -> None:
     assert default["thresholds"] == LAB_LIKE_THRESHOLDS
     assert default["metrics"] == {"rmse": 0.133}
     assert len(default["manifest_sha256"]) == 64
-    assert default["version"] == default["manifest_sha256"][:12]  # no version in the manifest
-    assert items[1]["version"] == "v2"
+    # Versions are numbered per name (the first artifact a name had is 1), whatever the
+    # manifest calls its own.
+    assert default["version"] == "1"
+    assert items[1]["version"] == "1"
 
 
 def test_loaded_models_are_recorded_in_the_database(client: TestClient, database: Database) -> None:
@@ -57,7 +59,8 @@ def test_loaded_models_are_recorded_in_the_database(client: TestClient, database
     assert entries["auto"].kind == "learned"
     assert entries["lstm-seed0"].thresholds == LAB_LIKE_THRESHOLDS
     assert entries["naive-2ch"].config["n_channels"] == 2
-    assert entries["naive-2ch"].version == "v2"
+    assert entries["naive-2ch"].version == "1"
+    assert entries["naive-2ch"].active_version == 1
 
 
 def test_healthz_and_readyz(client: TestClient) -> None:
@@ -134,7 +137,7 @@ def test_metrics_expose_model_info_and_stream_series(make_client: AppFactory) ->
     samples = samples_of(client)
     info = {labels["model"]: (labels, value) for labels, value in samples["twinwatch_model_info"]}
     assert set(info) == {"lstm-seed0", "naive-2ch"}
-    assert info["naive-2ch"] == ({"model": "naive-2ch", "version": "v2", "kind": "naive"}, 1.0)
+    assert info["naive-2ch"] == ({"model": "naive-2ch", "version": "1", "kind": "naive"}, 1.0)
     assert samples["twinwatch_readings_total"] == [({"stream": "pump-1"}, 0.0)]
     reasons = {labels["reason"] for labels, _ in samples["twinwatch_readings_rejected_total"]}
     assert reasons == {"invalid", "conflict", "too_large"}

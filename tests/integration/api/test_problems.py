@@ -240,3 +240,12 @@ def test_a_client_gone_mid_body_is_one_log_line_not_a_500(
     statuses = [m["status"] for m in sent if m["type"] == "http.response.start"]
     assert all(status < 500 for status in statuses), statuses
     assert client.get("/v1/streams/pump-1").json()["samples_seen"] == 0
+
+
+def test_a_query_parameter_given_twice_is_refused(client: TestClient) -> None:
+    """Not settled by taking one of the values: the caller meant something else."""
+    answer = client.get("/v1/alarms?stream=a&stream=b")
+    assert answer.status_code == 422
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert answer.json()["detail"] == "query parameter 'stream' is given 2 times: give it once"
+    assert client.get("/v1/alarms?stream=a&limit=5").status_code == 200

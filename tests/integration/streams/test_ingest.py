@@ -14,8 +14,8 @@ import pytest
 from sqlalchemy.exc import OperationalError
 
 from app.api.readings import new_readings
+from app.catalogue import register_models
 from app.errors import ConflictError, DataError, NotFoundError
-from app.main import register_models
 from app.metrics import Metrics
 from app.registry import default_loader, load_models
 from app.schemas import ReadingIn
@@ -43,8 +43,9 @@ class Service:
     """Ingest as the readings endpoints run it: one transaction per request."""
 
     def __init__(self, database: Database, models: Path, *, checkpoint_every: int = 1000) -> None:
-        registry = load_models(models, loaded_at=T0, loader=default_loader)
-        register_models(database, registry)
+        registry = register_models(
+            database, load_models(models, loaded_at=T0, loader=default_loader)
+        )
         self.database = database
         self.streams = LiveStreams(database, registry, checkpoint_every=checkpoint_every)
         self.metrics = Metrics()
@@ -126,6 +127,27 @@ def test_a_stream_restored_from_the_database_continues_exactly(
     resumed = residuals(service, "p", [5, 1, 40], first=756)
     assert resumed == residuals(service, "q", [5, 1, 40], first=756)
     assert np.isfinite(resumed).all()
+
+
+def test_a_switched_stream_restored_from_the_database_continues_exactly(
+    database: Database, models: Path
+) -> None:
+    """A switch to another model writes the new state's checkpoint: restored from it, the
+    stream goes on as one that never stopped."""
+    service = Service(database, models, checkpoint_every=97)
+    stateful = service.streams.registry.require("lstm-stateful-lab")
+    for name in ("p", "q"):
+        service.create(name)
+        residuals(service, name, SIZES)
+        with database.session() as session:
+            switched = service.streams.switch(session, name, stateful)
+        assert switched.previous[0] == "lstm-seed0"
+    service.streams.forget("p")
+    resumed = residuals(service, "p", [5, 1, 40], first=756)
+    assert resumed == residuals(service, "q", [5, 1, 40], first=756)
+    assert np.isfinite(resumed).all()  # warm at once: forecasts from the first reading
+    with database.session() as session:
+        assert streams.require(session, "p").model_name == "lstm-stateful-lab"
 
 
 def test_a_failed_transaction_leaves_no_trace_in_the_live_state(

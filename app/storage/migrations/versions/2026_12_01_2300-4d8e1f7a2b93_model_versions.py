@@ -1,0 +1,61 @@
+"""Model versions: every artifact a model name has had (model_versions), the name's active
+version, and the version a stream runs when it names one. The models already registered become
+version 1 of their names at the next start (the service imports its models directory).
+
+Revision ID: 4d8e1f7a2b93
+Revises: 7a2e9c4d1b08
+Create Date: 2026-12-01 23:00:00+00:00
+"""
+
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import op
+
+from app.storage.types import UTCDateTime
+
+revision: str = "4d8e1f7a2b93"
+down_revision: str | Sequence[str] | None = "7a2e9c4d1b08"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+
+def upgrade() -> None:
+    op.create_table(
+        "model_versions",
+        sa.Column("name", sa.String(length=128), nullable=False),
+        sa.Column("version", sa.Integer(), nullable=False),
+        sa.Column("kind", sa.String(length=32), nullable=False),
+        sa.Column("artifact_sha256", sa.String(length=64), nullable=False),
+        sa.Column("source", sa.JSON(), nullable=False),
+        sa.Column("metrics", sa.JSON(), nullable=False),
+        sa.Column("thresholds", sa.JSON(), nullable=False),
+        sa.Column("calibration", sa.JSON(), nullable=False),
+        sa.Column("created_by", sa.String(length=128), nullable=False),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.Column("status", sa.String(length=16), nullable=False),
+        sa.CheckConstraint(
+            "status IN ('candidate', 'active', 'retired')",
+            name=op.f("ck_model_versions_status_valid"),
+        ),
+        sa.CheckConstraint("version >= 1", name=op.f("ck_model_versions_version_positive")),
+        sa.ForeignKeyConstraint(
+            ["name"],
+            ["models.name"],
+            name=op.f("fk_model_versions_name_models"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("name", "version", name=op.f("pk_model_versions")),
+    )
+    with op.batch_alter_table("models") as batch_op:
+        batch_op.add_column(sa.Column("active_version", sa.Integer(), nullable=True))
+    with op.batch_alter_table("streams") as batch_op:
+        batch_op.add_column(sa.Column("model_version", sa.Integer(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("streams") as batch_op:
+        batch_op.drop_column("model_version")
+    with op.batch_alter_table("models") as batch_op:
+        batch_op.drop_column("active_version")
+    op.drop_table("model_versions")

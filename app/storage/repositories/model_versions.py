@@ -1,0 +1,115 @@
+"""Model versions (`model_versions`): numbered per name, with their status kept in step with
+what runs them."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.errors import NotFoundError
+from app.storage.models import ModelEntry, ModelVersion, Stream
+
+
+def get(session: Session, name: str, version: int) -> ModelVersion | None:
+    return session.get(ModelVersion, (name, version))
+
+
+def require(session: Session, name: str, version: int) -> ModelVersion:
+    row = get(session, name, version)
+    if row is None:
+        raise NotFoundError(f"model {name!r} has no version {version}", model=name)
+    return row
+
+
+def list_for(session: Session, name: str) -> list[ModelVersion]:
+    statement = select(ModelVersion).where(ModelVersion.name == name)
+    return list(session.scalars(statement.order_by(ModelVersion.version)))
+
+
+def counts(session: Session) -> dict[str, int]:
+    """How many versions each name has."""
+    statement = select(ModelVersion.name, func.count()).group_by(ModelVersion.name)
+    return {name: int(count) for name, count in session.execute(statement)}
+
+
+def with_artifact(session: Session, name: str, artifact_sha256: str) -> ModelVersion | None:
+    """The name's newest version holding that artifact."""
+    statement = (
+        select(ModelVersion)
+        .where(ModelVersion.name == name, ModelVersion.artifact_sha256 == artifact_sha256)
+        .order_by(ModelVersion.version.desc())
+        .limit(1)
+    )
+    return session.scalars(statement).first()
+
+
+def create(
+    session: Session,
+    *,
+    name: str,
+    kind: str,
+    artifact_sha256: str,
+    source: dict[str, Any],
+    metrics: dict[str, Any],
+    thresholds: dict[str, Any],
+    calibration: dict[str, Any],
+    created_by: str,
+    now: datetime,
+    status: str = "candidate",
+) -> ModelVersion:
+    """The name's next version. Its entry row is locked meanwhile (PostgreSQL; SQLite
+    serialises writers): two creations never take the same number."""
+    session.get(ModelEntry, name, with_for_update=True)
+    newest = session.scalar(select(func.max(ModelVersion.version)).where(ModelVersion.name == name))
+    row = ModelVersion(
+        name=name,
+        version=(newest or 0) + 1,
+        kind=kind,
+        artifact_sha256=artifact_sha256,
+        source=source,
+        metrics=metrics,
+        thresholds=thresholds,
+        calibration=calibration,
+        created_by=created_by,
+        created_at=now,
+        status=status,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def in_use(session: Session, name: str) -> set[int]:
+    """The versions of `name` that run: its active one and those streams name."""
+    entry = session.get(ModelEntry, name)
+    active = None if entry is None else entry.active_version
+    statement = select(Stream.model_version).where(Stream.model_name == name).distinct()
+    used = {active if version is None else version for version in session.scalars(statement)}
+    if active is not None:
+        used.add(active)
+    return {version for version in used if version is not None}
+
+
+def refresh_statuses(session: Session, name: str) -> None:
+    """`active` for the versions that run, `retired` for those that ran and no longer do;
+    candidates stay candidates until a stream runs them."""
+    used = in_use(session, name)
+    for row in list_for(session, name):
+        if row.version in used:
+            row.status = "active"
+        elif row.status == "active":
+            row.status = "retired"
+    session.flush()
+
+
+def pinned(session: Session) -> set[tuple[str, int]]:
+    """The (model, version) pairs streams name explicitly."""
+    statement = (
+        select(Stream.model_name, Stream.model_version)
+        .where(Stream.model_version.is_not(None))
+        .distinct()
+    )
+    return {(name, version) for name, version in session.execute(statement) if version is not None}
