@@ -433,6 +433,11 @@ class StreamOut(BaseModel):
         description="The version of `model` it runs once a promotion or rollback named one; "
         "null: the model's active version."
     )
+    previous_model: ModelChoice | None = Field(
+        None,
+        description="What it ran before its last switch (a rollback's target; shown by GET "
+        "/v1/streams/{id} and the switch's answer); null if it never switched.",
+    )
     has_reference: bool
     phase: Literal["learning", "monitoring"] = "monitoring"
     learning_remaining: int = Field(0, description="Readings still to learn from.")

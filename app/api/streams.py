@@ -239,10 +239,16 @@ def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[st
 def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
     """The stream's row with its live state (none if its model is not loaded any more)."""
     open_alarms = alarm_repo.list_open(session, stream_id=stream.id)
+    switch = version_repo.last_switch(session, stream.id)
+    previous = None
+    if switch is not None and switch.from_version.isdigit():
+        previous = ModelChoice(name=switch.from_model, version=int(switch.from_version))
     try:
         live = state.streams.read(session, stream)
     except AppError:
-        return StreamOut.of(stream, open_alarms=open_alarms)
+        return StreamOut.of(stream, open_alarms=open_alarms).model_copy(
+            update={"previous_model": previous}
+        )
     recurrence, stream_state = live.recurrence, live.state
     phase = _phase(session, stream, live)
     forecasts, residuals, statistics = recurrence.latest(stream_state)
@@ -263,7 +269,7 @@ def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
             },
         ),
         position=(stream_state.samples, None if last is None else reading_repo.datetime_at(last)),
-    ).model_copy(update=phase)
+    ).model_copy(update={**phase, "previous_model": previous})
 
 
 @router.get(

@@ -1,4 +1,5 @@
-"""Command line: `twinwatch simulate | train | calibrate | evaluate | serve | twin | demo | db`.
+"""Command line: `twinwatch simulate | train | calibrate | evaluate | serve | twin | demo | db |
+model | models`.
 
 The command modules define plain functions; `build_cli` below is the one place that names every
 command and group, so a new command is one module and one line here. The commands are thin: they
@@ -18,6 +19,7 @@ from app.cli import (
     benchmark,
     evaluate_forecast,
     model,
+    models,
     monitoring,
     service,
     simulate,
@@ -59,9 +61,20 @@ def build_cli() -> typer.Typer:
     db.command("current")(service.db_current_command)
     root.add_typer(db)
 
-    models = _group("model", "Manage model artifacts.")
-    models.command("export-graph")(model.export_graph_command)
-    root.add_typer(models)
+    artifacts = _group("model", "Manage model artifacts.")
+    artifacts.command("export-graph")(model.export_graph_command)
+    root.add_typer(artifacts)
+
+    versions = _group(
+        "models",
+        "A running service's model versions, and switching a stream between them "
+        "(--url, or TWINWATCH_URL; the token from TWINWATCH_API_TOKEN).",
+    )
+    versions.command("list")(models.list_command)
+    versions.command("show")(models.show_command)
+    versions.command("promote")(models.promote_command)
+    versions.command("rollback")(models.rollback_command)
+    root.add_typer(versions)
     return root
 
 

@@ -104,6 +104,24 @@ class ModelVersion(Base):
     )
 
 
+class ModelSwitch(Base):
+    """A stream switched from one model version to another at a sample (a promotion or a
+    rollback): the audit of what ran when, and where a rollback goes back to."""
+
+    __tablename__ = "model_switches"
+
+    id: Mapped[int] = mapped_column(BigIntegerPK, primary_key=True, autoincrement=True)
+    stream_id: Mapped[str] = mapped_column(
+        String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE"), index=True
+    )
+    at_sample: Mapped[int] = mapped_column(BigInteger())
+    from_model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    from_version: Mapped[str] = mapped_column(String(64))
+    to_model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    to_version: Mapped[int] = mapped_column(Integer())
+    switched_at: Mapped[datetime]
+
+
 class Stream(Base):
     """A sensor (or sensor group) of one machine and where its processing has got to."""
 

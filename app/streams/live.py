@@ -40,6 +40,7 @@ from app.storage.models import Stream, StreamCheckpoint
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import learned as learned_repo
+from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.learning import Learning, LearningPlan, Replayed, learning_recurrence, replay
@@ -554,7 +555,14 @@ class LiveStreams:
         )
         stream.model_name = model.name
         stream.model_version = int(model.version)
-        session.flush()
+        version_repo.record_switch(
+            session,
+            stream_id=stream_id,
+            at_sample=samples,
+            previous=previous,
+            model=(model.name, int(model.version)),
+            now=datetime.now(UTC),
+        )
         switched = replace(
             live,
             model_name=model.name,

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import NotFoundError
-from app.storage.models import ModelEntry, ModelVersion, Stream
+from app.storage.models import ModelEntry, ModelSwitch, ModelVersion, Stream
 
 
 def get(session: Session, name: str, version: int) -> ModelVersion | None:
@@ -113,3 +113,37 @@ def pinned(session: Session) -> set[tuple[str, int]]:
         .distinct()
     )
     return {(name, version) for name, version in session.execute(statement) if version is not None}
+
+
+def record_switch(
+    session: Session,
+    *,
+    stream_id: str,
+    at_sample: int,
+    previous: tuple[str, str],
+    model: tuple[str, int],
+    now: datetime,
+) -> ModelSwitch:
+    row = ModelSwitch(
+        stream_id=stream_id,
+        at_sample=at_sample,
+        from_model=previous[0],
+        from_version=previous[1],
+        to_model=model[0],
+        to_version=model[1],
+        switched_at=now,
+    )
+    session.add(row)
+    session.flush()
+    return row
+
+
+def last_switch(session: Session, stream_id: str) -> ModelSwitch | None:
+    """The stream's latest switch (what a rollback undoes)."""
+    statement = (
+        select(ModelSwitch)
+        .where(ModelSwitch.stream_id == stream_id)
+        .order_by(ModelSwitch.id.desc())
+        .limit(1)
+    )
+    return session.scalars(statement).first()

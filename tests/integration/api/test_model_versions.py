@@ -7,12 +7,18 @@ Runs against SQLite and, when configured, PostgreSQL (the `database` fixture).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
+from typer.testing import CliRunner
 
+from app.cli import cli
+from app.cli import models as models_cli
+from app.errors import AppError
 from tests.integration.conftest import LAB_LIKE_THRESHOLDS, T0, AppFactory, write_fake_model
 
 NEVER = {"detectors": [{"kind": "point", "threshold": 1e9}]}
@@ -171,3 +177,56 @@ def test_a_switch_that_cannot_be_made_says_why(make_client: AppFactory) -> None:
     )
     assert bad_json.status_code == 400
     assert client.get("/v1/streams/pump-1").json()["model_version"] is None
+
+
+def test_a_stream_remembers_what_it_ran_before_its_last_switch(make_client: AppFactory) -> None:
+    client = make_client()
+    client.put("/v1/streams/pump-1", json={})
+    assert client.get("/v1/streams/pump-1").json()["previous_model"] is None
+    client.post("/v1/streams/pump-1/readings", json=readings(0, 30))
+    switched = client.post("/v1/streams/pump-1/model", json={"name": "lstm-seed0", "version": 1})
+    assert switched.json()["previous_model"] == {"name": "lstm-seed0", "version": 1}
+    assert client.get("/v1/streams/pump-1").json()["previous_model"] == {
+        "name": "lstm-seed0",
+        "version": 1,
+    }
+
+
+def test_the_cli_lists_shows_promotes_and_rolls_back(
+    make_client: AppFactory, models_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client = make_client()
+    write_fake_model(models_dir, "lstm-seed0", thresholds=NEVER)
+    client = restart(make_client, client)
+    client.put("/v1/streams/pump-1", json={})
+    monkeypatch.setattr(models_cli, "_client", lambda url: contextlib.nullcontext(client))
+    runner = CliRunner()
+
+    def run(*args: str) -> tuple[int, str]:
+        result = runner.invoke(cli, ["models", *args], catch_exceptions=False)
+        text = "".join(c if c.isascii() else " " for c in result.output)  # no table borders
+        return result.exit_code, " ".join(text.split())
+
+    code, listed = run("list")
+    assert code == 0 and "lstm-seed0 2 naive" in listed
+    code, shown = run("show", "lstm-seed0")
+    assert code == 0 and "active version 2" in shown
+    assert "1 retired" in shown and "2 active" in shown
+    assert run("promote", "pump-1", "lstm-seed0", "1") == (
+        0,
+        "stream pump-1 runs lstm-seed0 version 1 from its next reading on "
+        "(before: lstm-seed0 version 2)",
+    )
+    assert run("rollback", "pump-1") == (
+        0,
+        "stream pump-1 runs lstm-seed0 version 2 from its next reading on "
+        "(before: lstm-seed0 version 1)",
+    )
+    assert client.get("/v1/streams/pump-1").json()["model_version"] == 2
+    client.put("/v1/streams/pump-2", json={})
+    with pytest.raises(AppError, match="stream 'pump-2' never switched models"):
+        runner.invoke(cli, ["models", "rollback", "pump-2"], catch_exceptions=False)
+    with pytest.raises(AppError, match="404: model 'lstm-seed0' has no version 9"):
+        runner.invoke(
+            cli, ["models", "promote", "pump-1", "lstm-seed0", "9"], catch_exceptions=False
+        )
