@@ -18,12 +18,13 @@ import anyio
 from fastapi import FastAPI
 
 from app import __version__
-from app.api import alarms, health, incidents, models, readings, streams
+from app.api import alarms, health, incidents, jobs, models, readings, streams
 from app.api.deps import AppState, DocumentsAccessMiddleware
 from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
 from app.catalogue import register_models
 from app.forecasting.training import use_one_thread
+from app.jobs.runner import JobRunner
 from app.logs import RequestIdMiddleware
 from app.metrics import Metrics
 from app.registry import (
@@ -82,6 +83,8 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         )
         streams.on_learning_due = learner.submit
         resume_streams(database, streams, metrics)
+        runner = JobRunner(database, settings)
+        runner.start()
     except BaseException:
         database.dispose()
         raise
@@ -94,6 +97,7 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         metrics=metrics,
         streams=streams,
         learner=learner,
+        jobs=runner,
         started_at=started_at,
     )
 
@@ -170,6 +174,7 @@ def create_app(
             try:
                 # A clean stop leaves nothing to replay at the next start (a fit in progress
                 # is finished; one queued is done again at the next start).
+                await anyio.to_thread.run_sync(state.jobs.stop)
                 await anyio.to_thread.run_sync(state.learner.shutdown)
                 await anyio.to_thread.run_sync(state.streams.checkpoint_all)
             except Exception:
@@ -195,6 +200,6 @@ def create_app(
     if readers is not None:
         app.add_middleware(DocumentsAccessMiddleware, accepted=readers)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 413 carries it too
-    for module in (health, streams, readings, alarms, incidents, models):
+    for module in (health, streams, readings, alarms, incidents, models, jobs):
         app.include_router(module.router)
     return app

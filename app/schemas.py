@@ -24,7 +24,7 @@ from app.learning.learn import DEFAULT_LEARNING_READINGS
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.detectors import DETECTORS
 from app.registry import NAME_PATTERN, RegisteredModel
-from app.storage.models import Alarm, Incident, ModelVersion, Stream
+from app.storage.models import Alarm, Incident, Job, ModelVersion, Stream
 
 STREAM_ID_PATTERN = NAME_PATTERN
 """Stream ids are path segments and metric labels: short, and no characters that need escaping."""
@@ -767,3 +767,99 @@ class Health(BaseModel):
 class Ready(BaseModel):
     status: Literal["ready"] = "ready"
     checks: dict[str, str]
+
+
+# --- jobs --------------------------------------------------------------------------------------
+
+
+class JobIn(_Body):
+    """Work on the stream's stored readings that makes a candidate version of its model."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "kind": "recalibrate",
+                    "since": "2026-11-30T00:00:00Z",
+                    "until": "2026-12-01T00:00:00Z",
+                    "false_alarms_per_day": 1.0,
+                },
+                {"kind": "retrain", "since": 1764460800, "epochs": 20},
+            ]
+        },
+    )
+
+    kind: Literal["retrain", "recalibrate"] = Field(
+        description="recalibrate: new thresholds for the version the stream runs, from the "
+        "period's readings (taken as normal operation). retrain: the same kind of model "
+        "trained on the period's first 80%, its thresholds from the last 20%."
+    )
+    since: ReadingTime | None = Field(
+        None, description="The period's start (default: the first stored reading)."
+    )
+    until: ReadingTime | None = Field(
+        None, description="The period's end, excluded (default: after the last)."
+    )
+    false_alarms_per_day: float = Field(
+        1.0, gt=0, le=10_000, description="The false alarms a day the thresholds allow."
+    )
+    epochs: int | None = Field(
+        None, ge=1, le=1000, description="A retrain's training epochs (default: the model's own)."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Self:
+        if self.since is not None and self.until is not None and self.until <= self.since:
+            raise ValueError("until must be after since")
+        if self.epochs is not None and self.kind != "retrain":
+            raise ValueError("epochs are for a retrain")
+        return self
+
+    def params(self) -> dict[str, Any]:
+        """As the job row keeps them (times in epoch seconds)."""
+        return {
+            "since": None if self.since is None else self.since.timestamp(),
+            "until": None if self.until is None else self.until.timestamp(),
+            "false_alarms_per_day": self.false_alarms_per_day,
+            "epochs": self.epochs,
+        }
+
+
+class JobOut(BaseModel):
+    id: int
+    stream: str
+    kind: str
+    params: dict[str, Any]
+    phase: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    progress: dict[str, Any] = Field(
+        description="While it runs: its step, a retrain's epoch and loss."
+    )
+    result: dict[str, Any] | None = Field(
+        description="Once it succeeded: the candidate version it made (name, version)."
+    )
+    error: str | None = Field(description="Why it failed.")
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def of(cls, job: Job) -> JobOut:
+        return cls(
+            id=job.id,
+            stream=job.stream_id,
+            kind=job.kind,
+            params=job.params,
+            phase=job.phase,
+            progress=job.progress,
+            result=job.result,
+            error=job.error,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+        )
+
+
+class JobList(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page.")

@@ -17,6 +17,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.errors import DataError, UnauthorizedError
+from app.jobs.runner import JobRunner
 from app.metrics import Metrics
 from app.registry import ArtifactLoader, ModelRegistry
 from app.schemas import PROBLEM_MEDIA_TYPE
@@ -39,6 +40,7 @@ class AppState:
     metrics: Metrics
     streams: LiveStreams
     learner: Learner
+    jobs: JobRunner
     started_at: datetime
 
 

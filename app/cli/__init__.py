@@ -1,5 +1,5 @@
 """Command line: `twinwatch simulate | train | calibrate | evaluate | serve | twin | demo | db |
-model | models`.
+model | models | jobs`.
 
 The command modules define plain functions; `build_cli` below is the one place that names every
 command and group, so a new command is one module and one line here. The commands are thin: they
@@ -18,6 +18,7 @@ from rich.markup import escape
 from app.cli import (
     benchmark,
     evaluate_forecast,
+    jobs,
     model,
     models,
     monitoring,
@@ -75,6 +76,16 @@ def build_cli() -> typer.Typer:
     versions.command("promote")(models.promote_command)
     versions.command("rollback")(models.rollback_command)
     root.add_typer(versions)
+
+    work = _group(
+        "jobs",
+        "A running service's jobs: retrain or recalibrate a stream's model on its stored "
+        "readings (--url, or TWINWATCH_URL; the token from TWINWATCH_API_TOKEN).",
+    )
+    work.command("list")(jobs.list_command)
+    work.command("show")(jobs.show_command)
+    work.command("cancel")(jobs.cancel_command)
+    root.add_typer(work)
     return root
 
 

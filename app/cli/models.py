@@ -27,7 +27,7 @@ def _client(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers=headers, timeout=60)
 
 
-def _call(url: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+def call(url: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
     """The answer's JSON; a problem answer or an unreachable service is a one-line error."""
     try:
         with _client(url) as client:
@@ -46,7 +46,7 @@ def _call(url: str, method: str, path: str, body: dict[str, Any] | None = None) 
 def list_command(url: UrlOption = DEFAULT_URL) -> None:
     """The loaded models, each with the version its streams run by default."""
     table = Table("model", "active version", "kind", "window", "channels")
-    for model in _call(url, "GET", "/v1/models")["items"]:
+    for model in call(url, "GET", "/v1/models")["items"]:
         table.add_row(
             model["name"],
             model["version"],
@@ -62,7 +62,7 @@ def show_command(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Every version of a model: status, where it came from, when."""
-    model = _call(url, "GET", f"/v1/models/{name}")
+    model = call(url, "GET", f"/v1/models/{name}")
     table = Table("version", "status", "kind", "created by", "created at", "source")
     for version in model["versions"]:
         source = ", ".join(f"{key}={value}" for key, value in version["source"].items())
@@ -79,7 +79,7 @@ def show_command(
 
 
 def _switch(url: str, stream: str, name: str, version: int) -> None:
-    answer = _call(url, "POST", f"/v1/streams/{stream}/model", {"name": name, "version": version})
+    answer = call(url, "POST", f"/v1/streams/{stream}/model", {"name": name, "version": version})
     before = answer["previous_model"]
     typer.echo(
         f"stream {stream} runs {name} version {version} from its next reading on"
@@ -103,7 +103,7 @@ def rollback_command(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Switch a stream back to the version it ran before its last switch."""
-    previous = _call(url, "GET", f"/v1/streams/{stream}")["previous_model"]
+    previous = call(url, "GET", f"/v1/streams/{stream}")["previous_model"]
     if previous is None:
         raise AppError(f"stream {stream!r} never switched models: there is nothing to roll back")
     _switch(url, stream, previous["name"], previous["version"])

@@ -122,6 +122,38 @@ class ModelSwitch(Base):
     switched_at: Mapped[datetime]
 
 
+JobPhase = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JOB_PHASES = ("queued", "running", "succeeded", "failed", "cancelled")
+JOB_KINDS = ("retrain", "recalibrate")
+
+
+class Job(Base):
+    """Work on a stream's stored readings that makes a candidate model version (app/jobs/):
+    asked for by `POST /v1/streams/{id}/jobs`, run in a process of its own. `result` names the
+    version it made; `error` says why it made none."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(BigIntegerPK, primary_key=True, autoincrement=True)
+    stream_id: Mapped[str] = mapped_column(
+        String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE"), index=True
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    params: Mapped[dict[str, Any]]
+    phase: Mapped[str] = mapped_column(String(16))
+    progress: Mapped[dict[str, Any]]
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))
+    error: Mapped[str | None] = mapped_column(String(2000))
+    created_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+    __table_args__ = (
+        CheckConstraint(f"kind IN {JOB_KINDS!r}", name="kind_valid"),
+        CheckConstraint(f"phase IN {JOB_PHASES!r}", name="phase_valid"),
+    )
+
+
 class Stream(Base):
     """A sensor (or sensor group) of one machine and where its processing has got to."""
 

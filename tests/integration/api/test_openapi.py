@@ -52,6 +52,10 @@ def test_every_operation_has_a_stable_camel_case_operation_id(openapi: dict[str,
         ("get", "/v1/models/{name}"): "getModel",
         ("get", "/v1/models/{name}/versions/{version}"): "getModelVersion",
         ("post", "/v1/streams/{stream_id}/model"): "switchStreamModel",
+        ("post", "/v1/streams/{stream_id}/jobs"): "createJob",
+        ("get", "/v1/jobs"): "listJobs",
+        ("get", "/v1/jobs/{job_id}"): "getJob",
+        ("delete", "/v1/jobs/{job_id}"): "cancelJob",
         ("get", "/healthz"): "getHealth",
         ("get", "/readyz"): "getReadiness",
         ("get", "/metrics"): "getMetrics",
@@ -83,6 +87,7 @@ def test_every_body_documents_the_400_of_malformed_json(openapi: dict[str, Any])
         "acknowledgeAlarm",
         "acknowledgeIncident",
         "switchStreamModel",
+        "createJob",
     }
     for operation_id, responses in with_body.items():
         assert {"400", "413", "422"} <= set(responses), operation_id
@@ -106,6 +111,8 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
         "acknowledgeAlarm",
         "acknowledgeIncident",
         "switchStreamModel",
+        "createJob",
+        "cancelJob",
     }
     for _, _, operation in operations(openapi):
         assert ("401" in operation["responses"]) == (operation["operationId"] in secured)
@@ -113,7 +120,7 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
 
 def test_every_request_body_has_examples_its_model_accepts(openapi: dict[str, Any]) -> None:
     bodies = [op["requestBody"] for _, _, op in operations(openapi) if "requestBody" in op]
-    assert len(bodies) == 6
+    assert len(bodies) == 7
     for body in bodies:
         ref = body["content"]["application/json"]["schema"]["$ref"]
         name = ref.removeprefix("#/components/schemas/")

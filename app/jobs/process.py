@@ -1,0 +1,238 @@
+"""One job, in a process of its own (`python -m app.jobs.process JOB_ID`, started by
+`app/jobs/runner.py`): training there never holds the service's interpreter.
+
+It reads the stream's stored readings and the version the stream runs, computes the candidate
+(`app/jobs/work.py`), writes its artifact into the store, and then, in one transaction, adds
+the candidate version and marks the job succeeded, only if the job is still running: a job
+cancelled, or failed by a restart, meanwhile leaves no version behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from app.errors import AppError, DataError
+from app.forecasting.artifacts import load_model, save_model, update_manifest
+from app.forecasting.training import TrainingConfig, holdout_metrics
+from app.jobs.work import HOLDOUT_SHARE, holdout_thresholds, retrained
+from app.registry import manifest_sha256
+from app.settings import Settings
+from app.storage.artifact_store import ArtifactStore
+from app.storage.db import Database
+from app.storage.models import Job, ModelVersion, Stream
+from app.storage.repositories import jobs as job_repo
+from app.storage.repositories import model_entries
+from app.storage.repositories import model_versions as version_repo
+from app.storage.repositories import readings as reading_repo
+from app.storage.repositories import streams as stream_repo
+from app.streams.recurrence import Readings
+
+log = logging.getLogger(__name__)
+
+WARM_READINGS = 2000
+"""Readings before a recalibration's period that warm the stream up (they give no threshold)."""
+
+
+class JobStoppedError(Exception):
+    """The job was cancelled, or the service that started it is gone."""
+
+
+class Reporter:
+    """Writes the job's progress; stops the job once it is no longer running."""
+
+    def __init__(self, database: Database, job_id: int, parent: int) -> None:
+        self.database, self.job_id, self.parent = database, job_id, parent
+
+    def __call__(self, **progress: Any) -> None:
+        if os.getppid() != self.parent:
+            raise JobStoppedError("the service that started the job is gone")
+        with self.database.session() as session:
+            if not job_repo.set_progress(session, self.job_id, progress):
+                raise JobStoppedError("the job is not running any more")
+
+
+def run(job_id: int, settings: Settings, *, parent: int) -> None:
+    database = Database(settings.database_url)
+    store = ArtifactStore(settings.artifacts_root)
+    report = Reporter(database, job_id, parent)
+    try:
+        try:
+            candidate = _candidate(database, store, job_id, report)
+        except (AppError, ValueError, np.linalg.LinAlgError) as exc:
+            detail = exc.detail if isinstance(exc, AppError) else str(exc)
+            with database.session() as session:
+                job_repo.move(
+                    session,
+                    job_id,
+                    to="failed",
+                    when="running",
+                    error=detail[:2000],
+                    finished_at=datetime.now(UTC),
+                )
+            return
+        _commit(database, job_id, candidate)
+    except JobStoppedError as exc:
+        log.info("job %d stopped: %s", job_id, exc)
+    finally:
+        database.dispose()
+
+
+def _candidate(
+    database: Database, store: ArtifactStore, job_id: int, report: Reporter
+) -> dict[str, Any]:
+    """The candidate version's row values, its artifact already in the store."""
+    with database.session() as session:
+        job = job_repo.require(session, job_id)
+        stream = stream_repo.require(session, job.stream_id)
+        current = _running_version(session, stream)
+        batches = reading_repo.batches_from(session, stream_id=stream.id)
+        kind, params, stream_id = job.kind, dict(job.params), stream.id
+        period = stream.sample_period_s or 0.1
+        has_reference = stream.has_reference
+    if not batches:
+        raise DataError(f"stream {stream_id!r} has no stored readings")
+    times = np.concatenate([b.micros for b in batches])
+    values = np.concatenate([b.values for b in batches])
+    references = np.concatenate([b.references_or_nan for b in batches]) if has_reference else None
+    start, stop = _period(times, params)
+    report(step="reading", readings=stop - start)
+    loaded = load_model(store.path(current.artifact_sha256))
+    budget = float(params.get("false_alarms_per_day", 1.0))
+    source = {
+        "stream": stream_id,
+        "since": params.get("since"),
+        "until": params.get("until"),
+        "readings": stop - start,
+        "job": job_id,
+        "from_version": current.version,
+    }
+    scratch = Path(tempfile.mkdtemp(prefix="twinwatch-job-"))
+    try:
+        directory = scratch / "artifact"
+        if kind == "recalibrate":
+            warm = max(0, start - WARM_READINGS)
+            forecaster = loaded.forecaster
+            hold_from, train_end = start - warm, None
+            shutil.copytree(store.path(current.artifact_sha256), directory)
+        else:
+            train_end = start + int((stop - start) * (1 - HOLDOUT_SHARE))
+            report(step="training", epoch=0)
+            forecaster = retrained(
+                loaded.forecaster.config(),
+                values[start:train_end],
+                train_end=train_end - start,
+                epochs=params.get("epochs"),
+                on_epoch=lambda record: report(
+                    step="training",
+                    epoch=int(record["epoch"]),
+                    loss=float(record.get("train_loss", float("nan"))),
+                ),
+            )
+            warm, hold_from = start, train_end - start
+            save_model(
+                forecaster,
+                directory,
+                extra={
+                    "channels": list(loaded.manifest.get("channels", ["value"])),
+                    "training": {"stream": stream_id, "samples": train_end - start},
+                    "metrics": holdout_metrics(
+                        forecaster,
+                        values[start:stop],
+                        train_end - start,
+                        validation=TrainingConfig.validation,
+                    ),
+                },
+            )
+        report(step="calibrating")
+        part = slice(warm, stop)
+        thresholds, how = holdout_thresholds(
+            forecaster,
+            Readings.of_one(
+                times[part], values[part], None if references is None else references[part]
+            ),
+            period,
+            hold_from=hold_from,
+            false_alarms_per_day=budget,
+        )
+        manifest = update_manifest(
+            directory, thresholds=thresholds.model_dump(mode="json"), calibration=how
+        )
+        sha = manifest_sha256(manifest)
+        store.put(directory, sha)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return {
+        "name": current.name,
+        "kind": forecaster.kind,
+        "artifact_sha256": sha,
+        "source": source,
+        "metrics": dict(manifest.get("metrics") or {}),
+        "thresholds": thresholds.model_dump(mode="json"),
+        "calibration": how,
+        "train_end": train_end,
+    }
+
+
+def _running_version(session: Any, stream: Stream) -> ModelVersion:
+    if stream.model_version is not None:
+        return version_repo.require(session, stream.model_name, stream.model_version)
+    entry = model_entries.get(session, stream.model_name)
+    if entry is None or entry.active_version is None:
+        raise DataError(f"model {stream.model_name!r} has no version to start from")
+    return version_repo.require(session, stream.model_name, entry.active_version)
+
+
+def _period(times: np.ndarray, params: dict[str, Any]) -> tuple[int, int]:
+    """The readings of [since, until) as sample positions among `times`."""
+    since, until = params.get("since"), params.get("until")
+    start = 0 if since is None else int(np.searchsorted(times, round(since * 1e6), "left"))
+    stop = len(times) if until is None else int(np.searchsorted(times, round(until * 1e6), "left"))
+    if stop <= start:
+        raise DataError("the stream has no stored reading in the job's period")
+    return start, stop
+
+
+def _commit(database: Database, job_id: int, candidate: dict[str, Any]) -> None:
+    """The version and the job's success, in one transaction, if the job still runs."""
+    now = datetime.now(UTC)
+    with database.session() as session:
+        job: Job = job_repo.require(session, job_id)
+        row = version_repo.create(
+            session,
+            name=candidate["name"],
+            kind=candidate["kind"],
+            artifact_sha256=candidate["artifact_sha256"],
+            source=candidate["source"],
+            metrics=candidate["metrics"],
+            thresholds=candidate["thresholds"],
+            calibration=candidate["calibration"],
+            created_by=f"job {job_id} ({job.kind})",
+            now=now,
+        )
+        result = {"name": row.name, "version": row.version, "calibration": row.calibration}
+        if not job_repo.move(
+            session, job_id, to="succeeded", when="running", result=result, finished_at=now
+        ):
+            raise JobStoppedError("the job is not running any more")
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    with contextlib.suppress(OSError):
+        os.nice(10)  # the service's requests first
+    job_id, parent = int(sys.argv[1]), int(sys.argv[2])
+    run(job_id, Settings(), parent=parent)
+
+
+if __name__ == "__main__":
+    main()

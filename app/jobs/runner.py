@@ -1,0 +1,129 @@
+"""Runs the queued jobs, one at a time, each in a process of its own (`app/jobs/process.py`),
+from a thread of the service. A job cancelled while it runs has its process ended; a process
+that dies without finishing its job fails the job with the end of what it wrote to stderr;
+at start-up, jobs a stopped service left running are failed (their process went with it)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from datetime import UTC, datetime
+
+from app.settings import Settings
+from app.storage.db import Database
+from app.storage.repositories import jobs as job_repo
+from app.storage.repositories.jobs import INTERRUPTED
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.2
+
+
+class JobRunner:
+    def __init__(self, database: Database, settings: Settings) -> None:
+        self.database = database
+        self.settings = settings
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._guard = threading.Lock()
+        self._running: tuple[int, subprocess.Popen[bytes]] | None = None
+        self._cancelled: set[int] = set()
+        self._thread = threading.Thread(target=self._loop, name="twinwatch-jobs", daemon=True)
+
+    def start(self) -> None:
+        with self.database.session() as session:
+            failed = job_repo.fail_interrupted(session, now=datetime.now(UTC))
+        if failed:
+            log.warning("%d job(s) failed: the service stopped while they ran", failed)
+        self._thread.start()
+
+    def wake(self) -> None:
+        """A job was queued."""
+        self._wake.set()
+
+    def cancel(self, job_id: int) -> None:
+        """End the job's process if it is the one running (its phase is already cancelled)."""
+        with self._guard:
+            self._cancelled.add(job_id)
+            running = self._running
+        if running is not None and running[0] == job_id:
+            running[1].terminate()
+
+    def stop(self) -> None:
+        """End the running job's process (the job fails: a restart does not resume it)."""
+        self._stopping.set()
+        self._wake.set()
+        with self._guard:
+            running = self._running
+        if running is not None:
+            running[1].terminate()
+        if self._thread.is_alive():
+            self._thread.join(timeout=30)
+        with self.database.session() as session:
+            job_repo.fail_interrupted(session, now=datetime.now(UTC))
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                ran = self._run_next()
+            except Exception:
+                log.exception("the job runner failed; it goes on")
+                ran = False
+            if not ran:
+                self._wake.wait(timeout=5)
+                self._wake.clear()
+
+    def _run_next(self) -> bool:
+        with self.database.session() as session:
+            job = job_repo.next_queued(session)
+            if job is None:
+                return False
+            job_id = job.id
+            if not job_repo.move(
+                session, job_id, to="running", when="queued", started_at=datetime.now(UTC)
+            ):
+                return True  # cancelled meanwhile
+        env = {
+            **os.environ,
+            "TWINWATCH_DATABASE_URL": self.settings.database_url,
+            "TWINWATCH_ARTIFACTS_DIR": str(self.settings.artifacts_root),
+            # One core for the job: the others stay the service's.
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "OPENBLAS_NUM_THREADS": "1",
+        }
+        command = [sys.executable, "-m", "app.jobs.process", str(job_id), str(os.getpid())]
+        with tempfile.TemporaryFile() as stderr:
+            process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+            with self._guard:
+                self._running = (job_id, process)
+                if job_id in self._cancelled:
+                    process.terminate()
+            log.info("job %d started (process %d)", job_id, process.pid)
+            code = process.wait()
+            with self._guard:
+                self._running = None
+            stderr.seek(0)
+            tail = stderr.read()[-1500:].decode(errors="replace").strip()
+        error = f"the job's process ended with code {code}: {tail}"[:2000]
+        if self._stopping.is_set():
+            error = INTERRUPTED
+        with self.database.session() as session:
+            failed = job_repo.move(
+                session,
+                job_id,
+                to="failed",
+                when="running",
+                error=error,
+                finished_at=datetime.now(UTC),
+            )
+            final = job_repo.require(session, job_id).phase
+        if failed:
+            log.error("job %d failed: its process ended with code %d", job_id, code)
+        else:
+            log.info("job %d %s", job_id, final)
+        return True
