@@ -635,6 +635,59 @@ class ManyReadingsOut(BaseModel):
     streams: list[StreamReadingsOut] = Field(description="In the order of the request.")
 
 
+Column = list[float | None]
+
+
+class Spread(BaseModel):
+    """Per time bucket: the least, greatest and mean of a column (null: no number there)."""
+
+    min: Column
+    max: Column
+    mean: Column
+
+
+class ReadingsHistory(BaseModel):
+    """Stored readings with what the stream's model and detectors make of them, as columns (a
+    chart's series). Raw: one entry per reading. With `step_s`: one per time bucket that holds
+    readings, each column's least, greatest and mean in it."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "stream": "pump-1",
+                    "model": "lstm-seed0",
+                    "model_version": "2",
+                    "step_s": None,
+                    "t": [1767225600.0, 1767225600.1],
+                    "value": [1.02, 1.05],
+                    "forecast": [1.01, 1.03],
+                    "residual": [0.01, 0.02],
+                    "statistics": {"point": [0.01, 0.02]},
+                    "thresholds": {"point": 0.525},
+                    "count": None,
+                    "buckets": None,
+                }
+            ]
+        }
+    )
+
+    stream: str
+    model: str
+    model_version: str = Field(description="The version whose forecasts these are.")
+    step_s: float | None = Field(description="The buckets' width; null: every reading.")
+    t: list[float] = Field(description="Epoch seconds: each reading's, or each bucket's start.")
+    value: Column | None = Field(description="The readings (the first channel); raw only.")
+    forecast: Column | None = Field(description="Raw only; null while warming up.")
+    residual: Column | None = Field(description="Raw only.")
+    statistics: dict[str, Column] | None = Field(description="Each detector's; raw only.")
+    thresholds: dict[str, float] = Field(description="Each detector's, as the stream runs now.")
+    count: list[int] | None = Field(description="Readings in each bucket; bucketed only.")
+    buckets: dict[str, Spread] | None = Field(
+        description="value, forecast, residual and each detector's statistic; bucketed only."
+    )
+
+
 class ForecastOut(BaseModel):
     stream: str
     model: str

@@ -21,3 +21,11 @@ LimitQuery = Annotated[int, Query(ge=1, le=1000)]
 CursorQuery = Annotated[
     str | None, Query(max_length=200, description="`next_cursor` of the previous page.")
 ]
+TakenSinceQuery = Annotated[
+    QueryTime | None,
+    Query(description="Readings taken at or after (RFC 3339 with offset, or epoch seconds)."),
+]
+TakenUntilQuery = Annotated[
+    QueryTime | None,
+    Query(description="Readings taken before (RFC 3339 with offset, or epoch seconds)."),
+]

@@ -17,20 +17,24 @@ from sqlalchemy.orm import Session
 
 from app.api.bodies import json_body, json_body_openapi
 from app.api.deps import AppState, ReadAccess, SessionDep, SingleQueryValues, StateDep, WriteAccess
+from app.api.queries import TakenSinceQuery, TakenUntilQuery
 from app.api.streams import StreamIdPath
-from app.errors import AppError, ConflictError, NotFoundError, PayloadTooLargeError
+from app.errors import AppError, ConflictError, DataError, NotFoundError, PayloadTooLargeError
 from app.schemas import (
     AlarmOut,
     ForecastOut,
     ManyReadingsIn,
     ManyReadingsOut,
     ReadingIn,
+    ReadingsHistory,
     ReadingsIn,
     ReadingsOut,
+    Spread,
     problem_responses,
 )
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
+from app.streams.history import bucketed
 from app.streams.ingest import VALUE, IngestOutcome, NewReadings, ingest
 
 router = APIRouter(prefix="/v1", tags=["readings"], dependencies=[ReadAccess, SingleQueryValues])
@@ -246,3 +250,95 @@ def get_forecast(
         horizon=horizon,
         forecast=[float(x) for x in forecast],
     )
+
+
+MOST_RECOMPUTED = 1_000_000
+"""Readings one `GET .../readings` replays at most: a longer range is asked for in parts."""
+
+
+@router.get(
+    "/streams/{stream_id}/readings",
+    response_model=ReadingsHistory,
+    responses=problem_responses(404, 422),
+    summary="Stored readings with their forecasts, residuals and statistics, for a chart",
+    operation_id="getReadings",
+)
+def get_readings(
+    stream_id: StreamIdPath,
+    state: StateDep,
+    session: SessionDep,
+    since: TakenSinceQuery = None,
+    until: TakenUntilQuery = None,
+    step_s: float | None = Query(
+        None,
+        gt=0,
+        le=86_400 * 366,
+        description="Bucket width in seconds: each bucket's least, greatest and mean instead "
+        "of every reading (a week of 10 Hz readings at step_s=60 is 10,080 buckets).",
+    ),
+) -> ReadingsHistory:
+    """The stream's stored readings taken in [since, until) (by default all of them), with the
+    forecasts, residuals and detector statistics of the model and thresholds it runs now,
+    recomputed from the stored readings: the model is warmed on up to 2,000 readings before
+    `since` as it was live, so a model and detectors that look back a bounded window give the
+    values the stream gave (a stateful model's, nearly). At most 1,000,000 readings a call."""
+    if since is not None and until is not None and until <= since:
+        raise DataError("until must be after since")
+    stream = stream_repo.require(session, stream_id)
+    history = state.streams.history(session, stream, since, until, most=MOST_RECOMPUTED)
+    monitor = history.recurrence.monitor
+    times = history.times
+    result = history.result
+    nan = np.full(times.shape[0], np.nan)
+    columns: dict[str, np.ndarray] = {
+        "value": nan if history.readings is None else history.column(history.readings.values[:, 0]),
+        "forecast": nan if result is None else history.column(result.forecast),
+        "residual": nan if result is None else history.column(result.residual),
+    }
+    statistics = (
+        {}
+        if result is None
+        else {kind: history.column(column) for kind, column in result.statistics.items()}
+    )
+    common = {
+        "stream": stream_id,
+        "model": stream.model_name,
+        "model_version": history.version,
+        "thresholds": monitor.thresholds,
+    }
+    if step_s is None:
+        return ReadingsHistory(
+            **common,
+            step_s=None,
+            t=(times / 1e6).tolist(),
+            value=_column(columns["value"]),
+            forecast=_column(columns["forecast"]),
+            residual=_column(columns["residual"]),
+            statistics={kind: _column(column) for kind, column in statistics.items()},
+            count=None,
+            buckets=None,
+        )
+    step = max(1, round(step_s * 1e6))
+    cut = bucketed(times, {**columns, **statistics}, step)
+    return ReadingsHistory(
+        **common,
+        step_s=step_s,
+        t=(cut.starts / 1e6).tolist(),
+        value=None,
+        forecast=None,
+        residual=None,
+        statistics=None,
+        count=cut.counts.tolist(),
+        buckets={
+            name: Spread(
+                min=_column(cut.least[name]),
+                max=_column(cut.greatest[name]),
+                mean=_column(cut.mean[name]),
+            )
+            for name in cut.least
+        },
+    )
+
+
+def _column(values: np.ndarray) -> list[float | None]:
+    return [None if math.isnan(x) else x for x in values.tolist()]

@@ -49,6 +49,7 @@ from app.streams.recurrence import (
     STATE_VERSION,
     Readings,
     Recurrence,
+    StreamResult,
     StreamState,
 )
 
@@ -661,6 +662,63 @@ class LiveStreams:
         """The stream's live state for a read: held until `session` ends."""
         return self.hold(session, [stream.id])[0]
 
+    def history(
+        self,
+        session: Session,
+        stream: Stream,
+        since: datetime | None,
+        until: datetime | None,
+        *,
+        most: int,
+    ) -> History:
+        """The stream's stored readings taken in [since, until), with the forecasts, residuals
+        and statistics of its current model and thresholds, recomputed: the model is warmed on
+        up to `REWARM_READINGS` readings before `since`, as a switch warms a new one. A
+        DataError if the range holds more than `most` readings. Reads without holding the
+        stream: ingest goes on meanwhile."""
+        kind = self._kind(stream, learned_repo.get(session, stream.id))
+        nothing = History(kind.recurrence, kind.version, np.empty(0, np.int64), None)
+        first = 0
+        if since is not None:
+            found = reading_repo.sample_at_or_after(session, stream_id=stream.id, t=since)
+            if found is None:
+                return nothing
+            first = found
+        batches = reading_repo.batches_covering(
+            session, stream_id=stream.id, first_sample=max(0, first - REWARM_READINGS)
+        )
+        if until is not None:
+            stop = reading_repo.sample_at_or_after(session, stream_id=stream.id, t=until)
+            if stop is not None:
+                batches = [b for b in batches if b.first_sample < stop]
+        else:
+            stop = None
+        if not batches:
+            return nothing
+        start = max(batches[0].first_sample, first - REWARM_READINGS)
+        readings = _joined(batches, has_reference=stream.has_reference, first=start)
+        end = (
+            readings.times.shape[0] if stop is None else min(stop - start, readings.times.shape[0])
+        )
+        skip = max(0, first - start)
+        if end - skip > most:
+            raise DataError(
+                f"the range holds {end - skip} readings; at most {most} are recomputed at once: "
+                "ask for a shorter range"
+            )
+        readings = Readings(
+            np.array([end]),
+            readings.times[:end],
+            readings.values[:end],
+            None if readings.references is None else readings.references[:end],
+        )
+        recurrence = kind.recurrence
+        state = recurrence.new_state()
+        state.samples = start
+        period = kind.sample_period_s if math.isfinite(kind.sample_period_s) else 1.0
+        result = recurrence.advance([state], readings, [period]).stream(0)
+        return History(recurrence, kind.version, readings.times[skip:], result, skip, readings)
+
     def peek(self, stream_id: str) -> LiveStream | None:
         """The stream's live state if it is in memory, not held (for a listing's summary)."""
         with self._guard:
@@ -684,6 +742,23 @@ class LiveStreams:
     def live_streams(self) -> list[LiveStream]:
         with self._guard:
             return [slot.live for slot in self._slots.values() if slot.live is not None]
+
+
+@dataclass(frozen=True)
+class History:
+    """What `LiveStreams.history` recomputed: the readings' times from the range's first,
+    and the replay's result (which begins `skip` readings earlier, in the warm-up)."""
+
+    recurrence: Recurrence
+    version: str
+    times: np.ndarray
+    result: StreamResult | None
+    skip: int = 0
+    readings: Readings | None = None
+
+    def column(self, values: np.ndarray) -> np.ndarray:
+        """A per-reading column of the replay, from the range's first reading."""
+        return values[self.skip :]
 
 
 @dataclass(frozen=True)

@@ -408,6 +408,21 @@ def existing_at(
     return found
 
 
+def sample_at_or_after(session: Session, *, stream_id: str, t: datetime) -> int | None:
+    """The number of the stream's first stored reading taken at `t` or later; None if none."""
+    statement = (
+        select(ReadingBatch.__table__)
+        .where(ReadingBatch.stream_id == stream_id, ReadingBatch.last_t >= t)
+        .order_by(ReadingBatch.first_sample)
+        .limit(1)
+    )
+    row = session.execute(statement).first()
+    if row is None:
+        return None
+    batch = _stored(row)
+    return batch.first_sample + int(np.searchsorted(batch.micros, micro(t), side="left"))
+
+
 def time_of(session: Session, *, stream_id: str, sample: int) -> datetime | None:
     """When the stream's reading number `sample` was taken; None if it is not stored."""
     statement = (
