@@ -18,7 +18,7 @@ import anyio
 from fastapi import FastAPI
 
 from app import __version__
-from app.api import alarms, health, incidents, jobs, models, readings, streams
+from app.api import alarms, health, incidents, jobs, models, readings, shadows, streams
 from app.api.deps import AppState, DocumentsAccessMiddleware
 from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
@@ -200,6 +200,6 @@ def create_app(
     if readers is not None:
         app.add_middleware(DocumentsAccessMiddleware, accepted=readers)
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 413 carries it too
-    for module in (health, streams, readings, alarms, incidents, models, jobs):
+    for module in (health, streams, readings, alarms, incidents, models, jobs, shadows):
         app.include_router(module.router)
     return app

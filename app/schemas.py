@@ -916,3 +916,38 @@ class JobOut(BaseModel):
 class JobList(BaseModel):
     items: list[JobOut]
     next_cursor: str | None = Field(None, description="Pass as `cursor` for the next page.")
+
+
+# --- shadows -----------------------------------------------------------------------------------
+
+
+class Detection(BaseModel):
+    detector: str
+    start_t: float = Field(description="Epoch seconds of its first reading.")
+    end_t: float | None = Field(description="Of its last exceedance; null while open.")
+    peak: float
+
+
+class ShadowSide(BaseModel):
+    model: str
+    version: str
+    residual_rmse: float | None = Field(description="Where the detectors saw the residual.")
+    monitored: int = Field(description="Readings whose residual the detectors saw.")
+    alarms: int = Field(description="Alarms it raised, or would have raised.")
+    alarms_per_day: float | None
+    detections: list[Detection] = Field(description="The latest 100, oldest first.")
+
+
+class ShadowOut(BaseModel):
+    """A candidate version beside the version the stream runs, over the same stored readings
+    since the shadow started (the latest million at most): what each forecast, and the alarms
+    each raised or would raise. The candidate raises nothing."""
+
+    stream: str
+    started_at: datetime
+    from_sample: int = Field(description="The stream's reading the shadow started at.")
+    readings: int = Field(description="Readings compared.")
+    since_t: float | None = Field(description="Epoch seconds of the first reading compared.")
+    until_t: float | None = Field(description="Of the last.")
+    active: ShadowSide = Field(description="The version the stream runs now.")
+    candidate: ShadowSide

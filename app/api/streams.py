@@ -331,6 +331,12 @@ def switch_model(
     row = version_repo.require(session, choice.name, choice.version)
     model = load_version(state.registry, row, state.store, loader=state.loader)
     switched = state.streams.switch(session, stream_id, model)
+    shadow = version_repo.shadow_of(session, stream_id)
+    if shadow is not None and (shadow.model_name, shadow.model_version) == (
+        choice.name,
+        choice.version,
+    ):
+        version_repo.end_shadow(session, stream_id)  # the candidate runs now
     for name in {switched.previous[0], choice.name}:
         version_repo.refresh_statuses(session, name)
     stream = stream_repo.require(session, stream_id)

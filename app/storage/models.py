@@ -122,6 +122,21 @@ class ModelSwitch(Base):
     switched_at: Mapped[datetime]
 
 
+class Shadow(Base):
+    """A candidate version that shadows what a stream runs, from sample `from_sample` on: it
+    sees the same readings (replayed from storage when compared) and raises nothing."""
+
+    __tablename__ = "shadows"
+
+    stream_id: Mapped[str] = mapped_column(
+        String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE"), primary_key=True
+    )
+    model_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    model_version: Mapped[int] = mapped_column(Integer())
+    from_sample: Mapped[int] = mapped_column(BigInteger())
+    started_at: Mapped[datetime]
+
+
 JobPhase = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_PHASES = ("queued", "running", "succeeded", "failed", "cancelled")
 JOB_KINDS = ("retrain", "recalibrate")

@@ -505,6 +505,22 @@ class LiveStreams:
             pending.restored[stream_id] = self._restore(session, [stream_id])[stream_id][0]
         return True
 
+    def runnable(self, stream: Stream, model: RegisteredModel) -> Recurrence:
+        """The recurrence of `model` for the stream, refused (ConflictError, DataError) if the
+        stream cannot run it: one that learns its own, or one of other channels."""
+        if stream.model_name == AUTO:
+            raise ConflictError(
+                f"stream {stream.id!r} learns its own model: it cannot run a trained one",
+                stream=stream.id,
+            )
+        if model.forecaster.n_channels != len(stream.channels):
+            raise DataError(
+                f"model {model.name!r} takes {model.forecaster.n_channels} channel(s), stream "
+                f"{stream.id!r} has {len(stream.channels)}",
+                model=model.name,
+            )
+        return self.recurrence_for(model, stream.detector_overrides)
+
     def switch(self, session: Session, stream_id: str, model: RegisteredModel) -> Switched:
         """Run the stream on `model` (a version of its model or of another with as many
         channels) from its next reading on, in `session`'s transaction. The new model is warmed
@@ -513,18 +529,7 @@ class LiveStreams:
         from it. Holding the stream, no reading is processed twice or skipped meanwhile."""
         live = self.hold(session, [stream_id])[0]
         stream = stream_repo.require(session, stream_id, for_update=True)
-        if stream.model_name == AUTO:
-            raise ConflictError(
-                f"stream {stream_id!r} learns its own model: it cannot run a trained one",
-                stream=stream_id,
-            )
-        if model.forecaster.n_channels != len(stream.channels):
-            raise DataError(
-                f"model {model.name!r} takes {model.forecaster.n_channels} channel(s), stream "
-                f"{stream_id!r} has {len(stream.channels)}",
-                model=model.name,
-            )
-        recurrence = self.recurrence_for(model, stream.detector_overrides)
+        recurrence = self.runnable(stream, model)
         samples = live.state.samples
         state = recurrence.new_state()
         batches = reading_repo.batches_covering(
@@ -676,30 +681,51 @@ class LiveStreams:
         up to `REWARM_READINGS` readings before `since`, as a switch warms a new one. A
         DataError if the range holds more than `most` readings. Reads without holding the
         stream: ingest goes on meanwhile."""
-        kind = self._kind(stream, learned_repo.get(session, stream.id))
-        nothing = History(kind.recurrence, kind.version, np.empty(0, np.int64), None)
+        recurrence, period, version = self.model_of(session, stream)
+        nothing = History(recurrence, version, np.empty(0, np.int64), None)
         first = 0
         if since is not None:
             found = reading_repo.sample_at_or_after(session, stream_id=stream.id, t=since)
             if found is None:
                 return nothing
             first = found
+        stop = None
+        if until is not None:
+            stop = reading_repo.sample_at_or_after(session, stream_id=stream.id, t=until)
+        stored = self.stored_range(session, stream, first, stop, most=most)
+        if stored is None:
+            return nothing
+        state = recurrence.new_state()
+        state.samples = stored.start
+        period = period if math.isfinite(period) else 1.0  # (learning: no gap restarts it)
+        result = recurrence.advance([state], stored.readings, [period]).stream(0)
+        times = stored.readings.times[stored.skip :]
+        return History(recurrence, version, times, result, stored.skip, stored.readings)
+
+    def model_of(self, session: Session, stream: Stream) -> tuple[Recurrence, float, str]:
+        """What the stream runs now (its recurrence, sample period and model version), read
+        without holding it."""
+        kind = self._kind(stream, learned_repo.get(session, stream.id))
+        return kind.recurrence, kind.sample_period_s, kind.version
+
+    def stored_range(
+        self, session: Session, stream: Stream, first: int, stop: int | None, *, most: int
+    ) -> StoredRange | None:
+        """The stream's stored readings from sample `first` to `stop` (by default its last),
+        with up to `REWARM_READINGS` before them to warm a model on; None if there are none.
+        A DataError if the range holds more than `most` readings."""
         batches = reading_repo.batches_covering(
             session, stream_id=stream.id, first_sample=max(0, first - REWARM_READINGS)
         )
-        if until is not None:
-            stop = reading_repo.sample_at_or_after(session, stream_id=stream.id, t=until)
-            if stop is not None:
-                batches = [b for b in batches if b.first_sample < stop]
-        else:
-            stop = None
+        if stop is not None:
+            batches = [b for b in batches if b.first_sample < stop]
         if not batches:
-            return nothing
+            return None
         start = max(batches[0].first_sample, first - REWARM_READINGS)
         readings = _joined(batches, has_reference=stream.has_reference, first=start)
-        end = (
-            readings.times.shape[0] if stop is None else min(stop - start, readings.times.shape[0])
-        )
+        end = readings.times.shape[0]
+        if stop is not None:
+            end = min(end, stop - start)
         skip = max(0, first - start)
         if end - skip > most:
             raise DataError(
@@ -712,12 +738,7 @@ class LiveStreams:
             readings.values[:end],
             None if readings.references is None else readings.references[:end],
         )
-        recurrence = kind.recurrence
-        state = recurrence.new_state()
-        state.samples = start
-        period = kind.sample_period_s if math.isfinite(kind.sample_period_s) else 1.0
-        result = recurrence.advance([state], readings, [period]).stream(0)
-        return History(recurrence, kind.version, readings.times[skip:], result, skip, readings)
+        return StoredRange(start, skip, readings)
 
     def peek(self, stream_id: str) -> LiveStream | None:
         """The stream's live state if it is in memory, not held (for a listing's summary)."""
@@ -742,6 +763,16 @@ class LiveStreams:
     def live_streams(self) -> list[LiveStream]:
         with self._guard:
             return [slot.live for slot in self._slots.values() if slot.live is not None]
+
+
+@dataclass(frozen=True)
+class StoredRange:
+    """Stored readings of one stream from sample `start`: the first `skip` warm a model up,
+    the rest are the range asked for."""
+
+    start: int
+    skip: int
+    readings: Readings
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import NotFoundError
-from app.storage.models import ModelEntry, ModelSwitch, ModelVersion, Stream
+from app.storage.models import ModelEntry, ModelSwitch, ModelVersion, Shadow, Stream
 
 
 def get(session: Session, name: str, version: int) -> ModelVersion | None:
@@ -147,3 +147,30 @@ def last_switch(session: Session, stream_id: str) -> ModelSwitch | None:
         .limit(1)
     )
     return session.scalars(statement).first()
+
+
+def shadow_of(session: Session, stream_id: str) -> Shadow | None:
+    return session.get(Shadow, stream_id)
+
+
+def set_shadow(
+    session: Session, *, stream_id: str, model: tuple[str, int], from_sample: int, now: datetime
+) -> Shadow:
+    """The stream's shadow (one at most: a new one replaces it)."""
+    row = session.get(Shadow, stream_id)
+    if row is None:
+        row = Shadow(stream_id=stream_id)
+        session.add(row)
+    row.model_name, row.model_version = model
+    row.from_sample, row.started_at = from_sample, now
+    session.flush()
+    return row
+
+
+def end_shadow(session: Session, stream_id: str) -> bool:
+    row = session.get(Shadow, stream_id)
+    if row is None:
+        return False
+    session.delete(row)
+    session.flush()
+    return True

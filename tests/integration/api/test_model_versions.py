@@ -230,3 +230,54 @@ def test_the_cli_lists_shows_promotes_and_rolls_back(
         runner.invoke(
             cli, ["models", "promote", "pump-1", "lstm-seed0", "9"], catch_exceptions=False
         )
+
+
+def test_a_shadow_sees_the_readings_and_raises_nothing(
+    make_client: AppFactory, models_dir: Path
+) -> None:
+    client = make_client()  # version 1 alarms on the swing
+    write_fake_model(models_dir, "lstm-seed0", thresholds=NEVER)
+    client = restart(make_client, client)  # version 2 (never alarms), active
+    client.put("/v1/streams/pump-1", json={})
+    client.post("/v1/streams/pump-1/readings", json=readings(0, 60))
+    started = client.put("/v1/streams/pump-1/shadow", json={"name": "lstm-seed0", "version": 1})
+    assert started.status_code == 200, started.text
+    assert started.json()["from_sample"] == 60 and started.json()["readings"] == 0
+
+    answer = client.post("/v1/streams/pump-1/readings", json=readings(60, 40, swing=5.0)).json()
+    assert answer["opened"] == []  # the stream runs version 2
+    compared = client.get("/v1/streams/pump-1/shadow").json()
+    assert compared["readings"] == 40
+    assert compared["since_t"] == T0.timestamp() + 6.0
+    active, candidate = compared["active"], compared["candidate"]
+    assert (active["version"], candidate["version"]) == ("2", "1")
+    assert active["alarms"] == 0 and candidate["alarms"] >= 1
+    assert {d["detector"] for d in candidate["detections"]} >= {"point"}
+    assert candidate["detections"][0]["start_t"] >= T0.timestamp() + 6.0
+    # The same forecaster: the same residuals (0 at the first reading, then 5 either way).
+    assert (
+        active["residual_rmse"] == candidate["residual_rmse"] == pytest.approx(5 * (39 / 40) ** 0.5)
+    )
+    assert client.get("/v1/alarms", params={"stream": "pump-1"}).json()["items"] == []
+
+    client = restart(make_client, client)  # the shadow stays
+    assert client.get("/v1/streams/pump-1/shadow").json()["readings"] == 40
+    client.post("/v1/streams/pump-1/model", json={"name": "lstm-seed0", "version": 1})
+    assert client.get("/v1/streams/pump-1/shadow").status_code == 404  # promoted: it runs
+
+
+def test_a_shadow_that_cannot_be_says_why(make_client: AppFactory) -> None:
+    client = make_client()
+    client.put("/v1/streams/pump-1", json={})
+    client.put("/v1/streams/learner", json={"model": "auto"})
+    one = {"name": "lstm-seed0", "version": 1}
+    assert client.put("/v1/streams/learner/shadow", json=one).status_code == 409
+    missing = client.put("/v1/streams/pump-1/shadow", json={"name": "lstm-seed0", "version": 4})
+    assert missing.status_code == 404
+    assert client.get("/v1/streams/pump-1/shadow").status_code == 404
+    assert client.delete("/v1/streams/pump-1/shadow").status_code == 404
+    assert client.put("/v1/streams/pump-1/shadow", json=one).status_code == 200
+    assert client.delete("/v1/streams/pump-1/shadow").status_code == 204
+    assert client.get("/v1/streams/pump-1/shadow").json()["detail"] == (
+        "stream 'pump-1' has no shadow"
+    )

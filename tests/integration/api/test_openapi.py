@@ -54,6 +54,9 @@ def test_every_operation_has_a_stable_camel_case_operation_id(openapi: dict[str,
         ("get", "/v1/models/{name}/versions/{version}"): "getModelVersion",
         ("post", "/v1/streams/{stream_id}/model"): "switchStreamModel",
         ("post", "/v1/streams/{stream_id}/jobs"): "createJob",
+        ("put", "/v1/streams/{stream_id}/shadow"): "putShadow",
+        ("get", "/v1/streams/{stream_id}/shadow"): "getShadow",
+        ("delete", "/v1/streams/{stream_id}/shadow"): "deleteShadow",
         ("get", "/v1/jobs"): "listJobs",
         ("get", "/v1/jobs/{job_id}"): "getJob",
         ("delete", "/v1/jobs/{job_id}"): "cancelJob",
@@ -89,6 +92,7 @@ def test_every_body_documents_the_400_of_malformed_json(openapi: dict[str, Any])
         "acknowledgeIncident",
         "switchStreamModel",
         "createJob",
+        "putShadow",
     }
     for operation_id, responses in with_body.items():
         assert {"400", "413", "422"} <= set(responses), operation_id
@@ -114,6 +118,8 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
         "switchStreamModel",
         "createJob",
         "cancelJob",
+        "putShadow",
+        "deleteShadow",
     }
     for _, _, operation in operations(openapi):
         assert ("401" in operation["responses"]) == (operation["operationId"] in secured)
@@ -121,7 +127,7 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
 
 def test_every_request_body_has_examples_its_model_accepts(openapi: dict[str, Any]) -> None:
     bodies = [op["requestBody"] for _, _, op in operations(openapi) if "requestBody" in op]
-    assert len(bodies) == 7
+    assert len(bodies) == 8
     for body in bodies:
         ref = body["content"]["application/json"]["schema"]["$ref"]
         name = ref.removeprefix("#/components/schemas/")

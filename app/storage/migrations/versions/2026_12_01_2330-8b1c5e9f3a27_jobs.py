@@ -1,5 +1,5 @@
 """Jobs: work on a stream's stored readings (retrain, recalibrate) that makes a candidate
-model version.
+model version; shadows: a candidate version beside what a stream runs.
 
 Revision ID: 8b1c5e9f3a27
 Revises: 4d8e1f7a2b93
@@ -49,8 +49,24 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name=op.f("pk_jobs")),
     )
     op.create_index(op.f("ix_jobs_stream_id"), "jobs", ["stream_id"], unique=False)
+    op.create_table(
+        "shadows",
+        sa.Column("stream_id", sa.String(length=128), nullable=False),
+        sa.Column("model_name", sa.String(length=128), nullable=False),
+        sa.Column("model_version", sa.Integer(), nullable=False),
+        sa.Column("from_sample", sa.BigInteger(), nullable=False),
+        sa.Column("started_at", UTCDateTime(), nullable=False),
+        sa.ForeignKeyConstraint(
+            ["stream_id"],
+            ["streams.id"],
+            name=op.f("fk_shadows_stream_id_streams"),
+            ondelete="CASCADE",
+        ),
+        sa.PrimaryKeyConstraint("stream_id", name=op.f("pk_shadows")),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("shadows")
     op.drop_index(op.f("ix_jobs_stream_id"), table_name="jobs")
     op.drop_table("jobs")

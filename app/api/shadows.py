@@ -1,0 +1,166 @@
+"""A candidate version shadowing a stream: `PUT /v1/streams/{id}/shadow` starts it from the
+stream's next reading, `GET` compares it with the version the stream runs, `DELETE` ends it.
+The comparison replays the stored readings through both (`app/streams/shadow.py`); the
+candidate never raises an alarm."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+from sqlalchemy.orm import Session
+
+from app.api.deps import (
+    AppState,
+    ReadAccess,
+    SessionDep,
+    SingleQueryValues,
+    StateDep,
+    WriteAccess,
+    utcnow,
+)
+from app.api.readings import MOST_RECOMPUTED
+from app.api.streams import StreamIdPath
+from app.catalogue import load_version
+from app.errors import NotFoundError
+from app.monitoring.alarms import AlarmEvent
+from app.schemas import Detection, ModelChoice, ShadowOut, ShadowSide, problem_responses
+from app.storage.models import Shadow, Stream
+from app.storage.repositories import model_versions as version_repo
+from app.storage.repositories import streams as stream_repo
+from app.streams.live import StoredRange
+from app.streams.shadow import Run, run
+
+router = APIRouter(
+    prefix="/v1/streams", tags=["models"], dependencies=[ReadAccess, SingleQueryValues]
+)
+
+DETECTIONS_SHOWN = 100
+SECONDS_PER_DAY = 86_400.0
+
+
+@router.put(
+    "/{stream_id}/shadow",
+    response_model=ShadowOut,
+    responses=problem_responses(400, 401, 404, 409, 413, 422),
+    dependencies=[WriteAccess],
+    summary="Shadow the stream with a candidate version from its next reading on",
+    operation_id="putShadow",
+)
+def put_shadow(
+    stream_id: StreamIdPath, choice: ModelChoice, session: SessionDep, state: StateDep
+) -> ShadowOut:
+    """The candidate sees the stream's readings from its next one on and raises nothing; `GET`
+    compares it with what the stream runs. A stream has one shadow at most: this replaces it."""
+    stream = stream_repo.require(session, stream_id)
+    row = version_repo.require(session, choice.name, choice.version)
+    model = load_version(state.registry, row, state.store, loader=state.loader)
+    state.streams.runnable(stream, model)
+    samples = state.streams.read(session, stream).state.samples
+    shadow = version_repo.set_shadow(
+        session,
+        stream_id=stream_id,
+        model=(choice.name, choice.version),
+        from_sample=samples,
+        now=utcnow(),
+    )
+    return _compared(state, session, stream, shadow)
+
+
+@router.get(
+    "/{stream_id}/shadow",
+    response_model=ShadowOut,
+    responses=problem_responses(404, 422),
+    summary="Compare the shadowing candidate with the version the stream runs",
+    operation_id="getShadow",
+)
+def get_shadow(stream_id: StreamIdPath, session: SessionDep, state: StateDep) -> ShadowOut:
+    stream = stream_repo.require(session, stream_id)
+    shadow = version_repo.shadow_of(session, stream_id)
+    if shadow is None:
+        raise NotFoundError(f"stream {stream_id!r} has no shadow", stream=stream_id)
+    return _compared(state, session, stream, shadow)
+
+
+@router.delete(
+    "/{stream_id}/shadow",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses=problem_responses(401, 404, 422),
+    dependencies=[WriteAccess],
+    summary="End the stream's shadow",
+    operation_id="deleteShadow",
+)
+def delete_shadow(stream_id: StreamIdPath, session: SessionDep) -> Response:
+    stream_repo.require(session, stream_id)
+    if not version_repo.end_shadow(session, stream_id):
+        raise NotFoundError(f"stream {stream_id!r} has no shadow", stream=stream_id)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
+def _compared(state: AppState, session: Session, stream: Stream, shadow: Shadow) -> ShadowOut:
+    """Both versions over the stream's stored readings since the shadow started (the latest
+    `MOST_RECOMPUTED` at most), each warmed on the readings before."""
+    row = version_repo.require(session, shadow.model_name, shadow.model_version)
+    model = load_version(state.registry, row, state.store, loader=state.loader)
+    candidate = state.streams.recurrence_for(model, stream.detector_overrides)
+    active, period, version = state.streams.model_of(session, stream)
+    total = max(stream.sample_count, state.streams.read(session, stream).state.samples)
+    first = max(shadow.from_sample, total - MOST_RECOMPUTED)
+    stored = state.streams.stored_range(session, stream, first, None, most=MOST_RECOMPUTED)
+    compared = ShadowOut(
+        stream=stream.id,
+        started_at=shadow.started_at,
+        from_sample=shadow.from_sample,
+        readings=0,
+        since_t=None,
+        until_t=None,
+        active=_side(stream.model_name, version, None, None, 0.0),
+        candidate=_side(model.name, model.version, None, None, 0.0),
+    )
+    if stored is None or int(stored.readings.counts[0]) <= stored.skip:
+        return compared
+    times = stored.readings.times
+    days = (int(times[-1]) - int(times[stored.skip])) / 1e6 / SECONDS_PER_DAY
+    runs = [
+        run(recurrence, stored.readings, period, start=stored.start, skip=stored.skip)
+        for recurrence in (active, candidate)
+    ]
+    return compared.model_copy(
+        update={
+            "readings": int(stored.readings.counts[0]) - stored.skip,
+            "since_t": float(times[stored.skip]) / 1e6,
+            "until_t": float(times[-1]) / 1e6,
+            "active": _side(stream.model_name, version, runs[0], stored, days),
+            "candidate": _side(model.name, model.version, runs[1], stored, days),
+        }
+    )
+
+
+def _side(
+    model: str, version: str, scored: Run | None, stored: StoredRange | None, days: float
+) -> ShadowSide:
+    events = [] if scored is None else scored.events
+    detections = [] if stored is None else [_detection(e, stored) for e in events]
+    return ShadowSide(
+        model=model,
+        version=version,
+        residual_rmse=None if scored is None else scored.residual_rmse,
+        monitored=0 if scored is None else scored.monitored,
+        alarms=len(events),
+        alarms_per_day=len(events) / days if days > 0 else None,
+        detections=detections[-DETECTIONS_SHOWN:],
+    )
+
+
+def _detection(event: AlarmEvent, stored: StoredRange) -> Detection:
+    times = stored.readings.times
+    last = times.shape[0] - 1
+
+    def at(sample: int) -> float:
+        return float(times[min(last, max(0, sample - stored.start))]) / 1e6
+
+    return Detection(
+        detector=event.detector,
+        start_t=at(event.start),
+        end_t=None if event.end is None else at(event.end - 1),
+        peak=event.peak,
+    )
