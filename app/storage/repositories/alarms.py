@@ -127,7 +127,7 @@ def apply(
                 _close_incident(session, superseded, done)
             row = None
             if superseded is None and event.detector not in NEVER_REJOINED:
-                row = _reopened(session, stream_id, event, quiet)
+                row = _reopened(session, stream_id, event, quiet, (model_name, model_version))
             if row is None:
                 row = create(
                     session,
@@ -187,9 +187,12 @@ def _detail(event: AlarmEvent, channels: Sequence[str]) -> dict[str, float] | No
     return dict(zip(channels, event.detail, strict=True))
 
 
-def _reopened(session: Session, stream_id: str, event: AlarmEvent, quiet: int) -> Alarm | None:
-    """The detector's last alarm if it closed within `quiet` readings of this opening: opened
-    again, the same alarm extended."""
+def _reopened(
+    session: Session, stream_id: str, event: AlarmEvent, quiet: int, model: tuple[str, str]
+) -> Alarm | None:
+    """The detector's last alarm if it closed within `quiet` readings of this opening and the
+    same model version raised it: opened again, the same alarm extended. (An alarm of another
+    version, closed by a switch, stays closed: each alarm names the version that raised it.)"""
     last = session.scalars(
         select(Alarm)
         .where(Alarm.stream_id == stream_id, Alarm.detector == event.detector)
@@ -197,6 +200,8 @@ def _reopened(session: Session, stream_id: str, event: AlarmEvent, quiet: int) -
         .limit(1)
     ).first()
     if last is None or last.state != "closed" or not joins(last.closed_sample, event.start, quiet):
+        return None
+    if (last.model_name, last.model_version) != model:
         return None
     last.gaps = [*(last.gaps or []), [last.closed_sample, event.start]][-MAX_GAPS:]
     last.state = "open"
