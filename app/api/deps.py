@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hmac
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -151,12 +152,10 @@ ReadAccess = Depends(require_read_token)
 async def single_query_values(request: Request) -> None:
     """A query parameter given more than once is refused, not settled by taking one of them:
     no parameter of the API is a list."""
-    keys = [key for key, _ in request.query_params.multi_items()]
-    for key in dict.fromkeys(keys):
-        if keys.count(key) > 1:
-            raise DataError(
-                f"query parameter {key!r} is given {keys.count(key)} times: give it once"
-            )
+    given = Counter(key for key, _ in request.query_params.multi_items())
+    for key, times in given.items():
+        if times > 1:
+            raise DataError(f"query parameter {key!r} is given {times} times: give it once")
 
 
 SingleQueryValues = Depends(single_query_values)

@@ -21,7 +21,7 @@ JobIdPath = Annotated[int, Path(ge=1, le=2**63 - 1, description="The job's id.")
 StreamIdPath = Annotated[str, Path(pattern=STREAM_ID_PATTERN, description="The stream's id.")]
 JobCursor = Annotated[
     str | None,
-    Query(pattern=r"^[1-9][0-9]{0,18}$", description="`next_cursor` of the previous page."),
+    Query(pattern=r"^[1-9][0-9]{0,17}$", description="`next_cursor` of the previous page."),
 ]
 
 

@@ -25,6 +25,7 @@ from app.monitoring.alarms import AlarmEvent
 from app.schemas import Detection, ModelChoice, ShadowOut, ShadowSide, problem_responses
 from app.storage.models import Shadow, Stream
 from app.storage.repositories import model_versions as version_repo
+from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.live import StoredRange
 from app.streams.shadow import Run, run
@@ -103,7 +104,7 @@ def _compared(state: AppState, session: Session, stream: Stream, shadow: Shadow)
     model = load_version(state.registry, row, state.store, loader=state.loader)
     candidate = state.streams.recurrence_for(model, stream.detector_overrides)
     active, period, version = state.streams.model_of(session, stream)
-    total = max(stream.sample_count, state.streams.read(session, stream).state.samples)
+    total = reading_repo.count(session, stream_id=stream.id)  # (not holding the stream)
     first = max(shadow.from_sample, total - MOST_RECOMPUTED)
     stored = state.streams.stored_range(session, stream, first, None, most=MOST_RECOMPUTED)
     compared = ShadowOut(

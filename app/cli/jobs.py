@@ -30,9 +30,9 @@ def list_command(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """The latest jobs, newest first."""
-    path = "/v1/jobs" if stream is None else f"/v1/jobs?stream={stream}"
+    params = None if stream is None else {"stream": stream}
     table = Table("job", "stream", "kind", "phase", "created at", "outcome")
-    for job in call(url, "GET", path)["items"]:
+    for job in call(url, "GET", "/v1/jobs", params=params)["items"]:
         table.add_row(
             str(job["id"]),
             job["stream"],

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from typing import Annotated, Any
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -27,11 +28,18 @@ def _client(url: str) -> httpx.Client:
     return httpx.Client(base_url=url, headers=headers, timeout=60)
 
 
-def call(url: str, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
-    """The answer's JSON; a problem answer or an unreachable service is a one-line error."""
+def call(
+    url: str,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None = None,
+    params: dict[str, str] | None = None,
+) -> Any:
+    """The answer's JSON; a problem answer or an unreachable service is a one-line error.
+    `path` is made of quoted parts (`part`)."""
     try:
         with _client(url) as client:
-            answer = client.request(method, path, json=body)
+            answer = client.request(method, path, json=body, params=params)
     except httpx.HTTPError as exc:
         raise AppError(f"cannot reach the service at {url}: {exc}") from exc
     if answer.is_error:
@@ -41,6 +49,11 @@ def call(url: str, method: str, path: str, body: dict[str, Any] | None = None) -
             detail = answer.text.strip() or answer.reason_phrase
         raise AppError(f"{answer.status_code}: {detail}")
     return answer.json()
+
+
+def part(text: str) -> str:
+    """One path segment, quoted."""
+    return quote(text, safe="")
 
 
 def list_command(url: UrlOption = DEFAULT_URL) -> None:
@@ -62,7 +75,7 @@ def show_command(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Every version of a model: status, where it came from, when."""
-    model = call(url, "GET", f"/v1/models/{name}")
+    model = call(url, "GET", f"/v1/models/{part(name)}")
     table = Table("version", "status", "kind", "created by", "created at", "source")
     for version in model["versions"]:
         source = ", ".join(f"{key}={value}" for key, value in version["source"].items())
@@ -79,7 +92,9 @@ def show_command(
 
 
 def _switch(url: str, stream: str, name: str, version: int) -> None:
-    answer = call(url, "POST", f"/v1/streams/{stream}/model", {"name": name, "version": version})
+    answer = call(
+        url, "POST", f"/v1/streams/{part(stream)}/model", {"name": name, "version": version}
+    )
     before = answer["previous_model"]
     typer.echo(
         f"stream {stream} runs {name} version {version} from its next reading on"
@@ -103,7 +118,7 @@ def rollback_command(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Switch a stream back to the version it ran before its last switch."""
-    previous = call(url, "GET", f"/v1/streams/{stream}")["previous_model"]
+    previous = call(url, "GET", f"/v1/streams/{part(stream)}")["previous_model"]
     if previous is None:
         raise AppError(f"stream {stream!r} never switched models: there is nothing to roll back")
     _switch(url, stream, previous["name"], previous["version"])

@@ -10,9 +10,11 @@ cancelled, or failed by a restart, meanwhile leaves no version behind.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sqlalchemy.orm import Session
 
 from app.errors import AppError, DataError
 from app.forecasting.artifacts import load_model, save_model, update_manifest
@@ -35,12 +38,10 @@ from app.storage.repositories import model_entries
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
+from app.streams.live import REWARM_READINGS
 from app.streams.recurrence import Readings
 
 log = logging.getLogger(__name__)
-
-WARM_READINGS = 2000
-"""Readings before a recalibration's period that warm the stream up (they give no threshold)."""
 
 
 class JobStoppedError(Exception):
@@ -80,7 +81,7 @@ def run(job_id: int, settings: Settings, *, parent: int) -> None:
                     finished_at=datetime.now(UTC),
                 )
             return
-        _commit(database, job_id, candidate)
+        _commit(database, job_id, candidate, parent)
     except JobStoppedError as exc:
         log.info("job %d stopped: %s", job_id, exc)
     finally:
@@ -95,24 +96,31 @@ def _candidate(
         job = job_repo.require(session, job_id)
         stream = stream_repo.require(session, job.stream_id)
         current = _running_version(session, stream)
-        batches = reading_repo.batches_from(session, stream_id=stream.id)
         kind, params, stream_id = job.kind, dict(job.params), stream.id
-        period = stream.sample_period_s or 0.1
+        first, stop = _period(session, stream_id, params)
+        batches = reading_repo.batches_covering(
+            session, stream_id=stream_id, first_sample=max(0, first - REWARM_READINGS), stop=stop
+        )
+        period = stream.sample_period_s if stream.sample_period_s is not None else 0.1
         has_reference = stream.has_reference
-    if not batches:
-        raise DataError(f"stream {stream_id!r} has no stored readings")
+    if not batches or (stop is not None and stop <= first):
+        raise DataError("the stream has no stored reading in the job's period")
+    base = batches[0].first_sample
     times = np.concatenate([b.micros for b in batches])
     values = np.concatenate([b.values for b in batches])
     references = np.concatenate([b.references_or_nan for b in batches]) if has_reference else None
-    start, stop = _period(times, params)
-    report(step="reading", readings=stop - start)
+    start = first - base  # positions in the arrays: the period is [start, end)
+    end = times.shape[0] if stop is None else min(stop - base, times.shape[0])
+    if end <= start:
+        raise DataError("the stream has no stored reading in the job's period")
+    report(step="reading", readings=end - start)
     loaded = load_model(store.path(current.artifact_sha256))
     budget = float(params.get("false_alarms_per_day", 1.0))
     source = {
         "stream": stream_id,
         "since": params.get("since"),
         "until": params.get("until"),
-        "readings": stop - start,
+        "readings": end - start,
         "job": job_id,
         "from_version": current.version,
     }
@@ -120,12 +128,12 @@ def _candidate(
     try:
         directory = scratch / "artifact"
         if kind == "recalibrate":
-            warm = max(0, start - WARM_READINGS)
             forecaster = loaded.forecaster
-            hold_from, train_end = start - warm, None
+            # The readings before the period (up to REWARM_READINGS) warm the stream up.
+            warm, hold_from, train_end = 0, start, None
             shutil.copytree(store.path(current.artifact_sha256), directory)
         else:
-            train_end = start + int((stop - start) * (1 - HOLDOUT_SHARE))
+            train_end = start + int((end - start) * (1 - HOLDOUT_SHARE))
             report(step="training", epoch=0)
             forecaster = retrained(
                 loaded.forecaster.config(),
@@ -147,14 +155,14 @@ def _candidate(
                     "training": {"stream": stream_id, "samples": train_end - start},
                     "metrics": holdout_metrics(
                         forecaster,
-                        values[start:stop],
+                        values[start:end],
                         train_end - start,
                         validation=TrainingConfig.validation,
                     ),
                 },
             )
         report(step="calibrating")
-        part = slice(warm, stop)
+        part = slice(warm, end)
         thresholds, how = holdout_thresholds(
             forecaster,
             Readings.of_one(
@@ -183,7 +191,7 @@ def _candidate(
     }
 
 
-def _running_version(session: Any, stream: Stream) -> ModelVersion:
+def _running_version(session: Session, stream: Stream) -> ModelVersion:
     if stream.model_version is not None:
         return version_repo.require(session, stream.model_name, stream.model_version)
     entry = model_entries.get(session, stream.model_name)
@@ -192,18 +200,30 @@ def _running_version(session: Any, stream: Stream) -> ModelVersion:
     return version_repo.require(session, stream.model_name, entry.active_version)
 
 
-def _period(times: np.ndarray, params: dict[str, Any]) -> tuple[int, int]:
-    """The readings of [since, until) as sample positions among `times`."""
+def _period(session: Session, stream_id: str, params: dict[str, Any]) -> tuple[int, int | None]:
+    """The samples of the readings taken in [since, until): from `first` to `stop` (None: to
+    the last)."""
     since, until = params.get("since"), params.get("until")
-    start = 0 if since is None else int(np.searchsorted(times, round(since * 1e6), "left"))
-    stop = len(times) if until is None else int(np.searchsorted(times, round(until * 1e6), "left"))
-    if stop <= start:
-        raise DataError("the stream has no stored reading in the job's period")
-    return start, stop
+    first = 0
+    if since is not None:
+        found = reading_repo.sample_at_or_after(session, stream_id=stream_id, t=_at(since))
+        if found is None:
+            raise DataError("the stream has no stored reading in the job's period")
+        first = found
+    stop = None
+    if until is not None:
+        stop = reading_repo.sample_at_or_after(session, stream_id=stream_id, t=_at(until))
+    return first, stop
 
 
-def _commit(database: Database, job_id: int, candidate: dict[str, Any]) -> None:
+def _at(epoch_seconds: float) -> datetime:
+    return reading_repo.datetime_at(round(epoch_seconds * 1e6))
+
+
+def _commit(database: Database, job_id: int, candidate: dict[str, Any], parent: int) -> None:
     """The version and the job's success, in one transaction, if the job still runs."""
+    if os.getppid() != parent:
+        raise JobStoppedError("the service that started the job is gone")
     now = datetime.now(UTC)
     with database.session() as session:
         job: Job = job_repo.require(session, job_id)
@@ -226,10 +246,22 @@ def _commit(database: Database, job_id: int, candidate: dict[str, Any]) -> None:
             raise JobStoppedError("the job is not running any more")
 
 
+def _end_with_parent() -> None:
+    """Ask Linux to end this process when the service that started it dies (elsewhere the
+    job stops at its next progress report)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+PR_SET_PDEATHSIG = 1
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     with contextlib.suppress(OSError):
         os.nice(10)  # the service's requests first
+    _end_with_parent()
     job_id, parent = int(sys.argv[1]), int(sys.argv[2])
     run(job_id, Settings(), parent=parent)
 

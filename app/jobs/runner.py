@@ -78,6 +78,8 @@ class JobRunner:
                 self._wake.clear()
 
     def _run_next(self) -> bool:
+        if self._stopping.is_set():
+            return False
         with self.database.session() as session:
             job = job_repo.next_queued(session)
             if job is None:
@@ -101,12 +103,13 @@ class JobRunner:
             process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
             with self._guard:
                 self._running = (job_id, process)
-                if job_id in self._cancelled:
+                if job_id in self._cancelled or self._stopping.is_set():
                     process.terminate()
             log.info("job %d started (process %d)", job_id, process.pid)
             code = process.wait()
             with self._guard:
                 self._running = None
+                self._cancelled.discard(job_id)
             stderr.seek(0)
             tail = stderr.read()[-1500:].decode(errors="replace").strip()
         error = f"the job's process ended with code {code}: {tail}"[:2000]
@@ -121,7 +124,8 @@ class JobRunner:
                 error=error,
                 finished_at=datetime.now(UTC),
             )
-            final = job_repo.require(session, job_id).phase
+            row = job_repo.get(session, job_id)
+            final = "deleted with its stream" if row is None else row.phase
         if failed:
             log.error("job %d failed: its process ended with code %d", job_id, code)
         else:

@@ -20,7 +20,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,6 +40,7 @@ from app.storage.models import Stream, StreamCheckpoint
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import learned as learned_repo
+from app.storage.repositories import model_entries
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
@@ -527,22 +528,33 @@ class LiveStreams:
         on the last `REWARM_READINGS` stored readings, silently; the old model's open alarms
         close at the switch; a checkpoint of the new state is written, so a restart continues
         from it. Holding the stream, no reading is processed twice or skipped meanwhile."""
-        live = self.hold(session, [stream_id])[0]
+        try:
+            live: LiveStream | None = self.hold(session, [stream_id])[0]
+        except (ArtifactError, DataError):  # what it runs cannot: it can still be switched off
+            live = None  # (held all the same: `hold` took its lock before restoring it)
         stream = stream_repo.require(session, stream_id, for_update=True)
         recurrence = self.runnable(stream, model)
-        samples = live.state.samples
-        state = recurrence.new_state()
-        batches = reading_repo.batches_covering(
-            session, stream_id=stream_id, first_sample=max(0, samples - REWARM_READINGS)
-        )
-        if batches:
-            state.samples = max(batches[0].first_sample, samples - REWARM_READINGS)
-            readings = _joined(batches, has_reference=stream.has_reference, first=state.samples)
-            recurrence.advance([state], readings, [live.sample_period_s])
-            recurrence.monitor.quiet(state.monitor)  # what it saw is normal by decree
-        state.samples = samples
-        state.last_time = live.state.last_time
-        previous = (live.model_name, live.model_version)
+        if live is not None:
+            samples, last_time = live.state.samples, live.state.last_time
+            previous = (live.model_name, live.model_version)
+        else:
+            samples = reading_repo.count(session, stream_id=stream_id)
+            last = reading_repo.time_of(session, stream_id=stream_id, sample=samples - 1)
+            last_time = None if last is None else reading_repo.micro(last)
+            previous = (stream.model_name, self._version_of(session, stream))
+        if previous == (model.name, model.version):
+            raise ConflictError(
+                f"stream {stream_id!r} runs {model.name} version {model.version} already",
+                stream=stream_id,
+            )
+        period = stream.sample_period_s if stream.sample_period_s is not None else 0.1
+        stored = self.stored_range(session, stream, samples, samples, most=0)
+        if stored is None:
+            state = recurrence.new_state()
+            state.samples = samples
+        else:
+            state = recurrence.quietly(stored.readings, period, start=stored.start)
+        state.last_time = last_time
         ending = [
             AlarmEvent(row.detector, row.opened_sample, samples, row.peak, row.threshold, samples)
             for row in alarm_repo.list_open(session, stream_id=stream_id)
@@ -555,9 +567,9 @@ class LiveStreams:
             closed=ending,
             peaks={},
             time_of=_times_of(session, stream_id),
-            model_name=live.model_name,
-            model_version=live.model_version,
-            channels=live.channels,
+            model_name=previous[0],
+            model_version=previous[1],
+            channels=list(stream.channels),
         )
         stream.model_name = model.name
         stream.model_version = int(model.version)
@@ -569,19 +581,31 @@ class LiveStreams:
             model=(model.name, int(model.version)),
             now=datetime.now(UTC),
         )
-        switched = replace(
-            live,
+        switched = LiveStream(
+            stream_id=stream_id,
             model_name=model.name,
             model_version=model.version,
+            channels=list(stream.channels),
+            has_reference=stream.has_reference,
+            sample_period_s=period,
             recurrence=recurrence,
             state=state,
-            open_peaks={},
+            checkpoint_due=samples + self.checkpoint_every,
         )
         self.checkpoint(session, switched, force=True)
         pending = _pending(session)
         pending.held[stream_id].live = None
         pending.restored[stream_id] = self._restore(session, [stream_id])[stream_id][0]
         return Switched(previous, applied)
+
+    def _version_of(self, session: Session, stream: Stream) -> str:
+        """The version a stream of a trained model runs: the one it names, else its model's
+        active one."""
+        if stream.model_version is not None:
+            return str(stream.model_version)
+        entry = model_entries.get(session, stream.model_name)
+        active = None if entry is None else entry.active_version
+        return "unknown" if active is None else str(active)
 
     def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
         """Write the stream's state (and its row's reading count), unless `force` is False and
@@ -677,10 +701,10 @@ class LiveStreams:
         most: int,
     ) -> History:
         """The stream's stored readings taken in [since, until), with the forecasts, residuals
-        and statistics of its current model and thresholds, recomputed: the model is warmed on
-        up to `REWARM_READINGS` readings before `since`, as a switch warms a new one. A
-        DataError if the range holds more than `most` readings. Reads without holding the
-        stream: ingest goes on meanwhile."""
+        and statistics of its current model and thresholds, recomputed: the model first runs
+        through up to `REWARM_READINGS` readings before `since` (their statistics and events
+        are not part of the answer). A DataError if the range holds more than `most`
+        readings. Reads without holding the stream: ingest goes on meanwhile."""
         recurrence, period, version = self.model_of(session, stream)
         nothing = History(recurrence, version, np.empty(0, np.int64), None)
         first = 0
@@ -713,32 +737,29 @@ class LiveStreams:
     ) -> StoredRange | None:
         """The stream's stored readings from sample `first` to `stop` (by default its last),
         with up to `REWARM_READINGS` before them to warm a model on; None if there are none.
-        A DataError if the range holds more than `most` readings."""
+        A DataError, before anything is read, if the range holds more than `most` readings."""
+        last = reading_repo.count(session, stream_id=stream.id)
+        end = last if stop is None else min(stop, last)
+        if end - first > most:
+            raise DataError(
+                f"the range holds {end - first} readings; at most {most} are recomputed at once: "
+                "ask for a shorter range"
+            )
         batches = reading_repo.batches_covering(
-            session, stream_id=stream.id, first_sample=max(0, first - REWARM_READINGS)
+            session, stream_id=stream.id, first_sample=max(0, first - REWARM_READINGS), stop=end
         )
-        if stop is not None:
-            batches = [b for b in batches if b.first_sample < stop]
         if not batches:
             return None
         start = max(batches[0].first_sample, first - REWARM_READINGS)
         readings = _joined(batches, has_reference=stream.has_reference, first=start)
-        end = readings.times.shape[0]
-        if stop is not None:
-            end = min(end, stop - start)
-        skip = max(0, first - start)
-        if end - skip > most:
-            raise DataError(
-                f"the range holds {end - skip} readings; at most {most} are recomputed at once: "
-                "ask for a shorter range"
-            )
+        count = max(0, min(readings.times.shape[0], end - start))
         readings = Readings(
-            np.array([end]),
-            readings.times[:end],
-            readings.values[:end],
-            None if readings.references is None else readings.references[:end],
+            np.array([count]),
+            readings.times[:count],
+            readings.values[:count],
+            None if readings.references is None else readings.references[:count],
         )
-        return StoredRange(start, skip, readings)
+        return StoredRange(start, min(count, max(0, first - start)), readings)
 
     def peek(self, stream_id: str) -> LiveStream | None:
         """The stream's live state if it is in memory, not held (for a listing's summary)."""

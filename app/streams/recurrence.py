@@ -259,6 +259,17 @@ class Recurrence:
             latest=np.full(self._latest_size, np.nan),
         )
 
+    def quietly(self, readings: Readings, sample_period_s: float, *, start: int) -> StreamState:
+        """A fresh state run silently through one stream's `readings` (its samples from
+        `start`): what they show is normal by decree. How a model that takes over a stream
+        (a switch, a shadow) is warmed up on the readings before."""
+        state = self.new_state()
+        state.samples = start
+        if readings.times.shape[0]:
+            self.advance([state], readings, [sample_period_s])
+            self.monitor.quiet(state.monitor)
+        return state
+
     def restore(
         self, saved: Mapping[str, Any], last_time: int | None, *, fresh_monitor: bool = False
     ) -> StreamState:

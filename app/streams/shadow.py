@@ -28,11 +28,7 @@ def run(
 ) -> Run:
     """One stream's readings from sample `start` through a fresh state of `recurrence`: the
     first `skip` warm it up silently (as a switch warms a new model), the rest are scored."""
-    state = recurrence.new_state()
-    state.samples = start
-    if skip:
-        recurrence.advance([state], _part(readings, 0, skip), [sample_period_s])
-        recurrence.monitor.quiet(state.monitor)
+    state = recurrence.quietly(_part(readings, 0, skip), sample_period_s, start=start)
     total = int(readings.counts[0])
     result = recurrence.advance([state], _part(readings, skip, total), [sample_period_s]).stream(0)
     seen = result.residual[result.monitored]

@@ -347,17 +347,18 @@ def batches_from(session: Session, *, stream_id: str, first_sample: int = 0) -> 
     return [_stored(row) for row in session.scalars(statement)]
 
 
-def batches_covering(session: Session, *, stream_id: str, first_sample: int) -> list[StoredBatch]:
-    """The stream's batches that hold sample `first_sample` or later ones, oldest first."""
-    statement = (
-        select(ReadingBatch.__table__)
-        .where(
-            ReadingBatch.stream_id == stream_id,
-            ReadingBatch.first_sample + ReadingBatch.count > first_sample,
-        )
-        .order_by(ReadingBatch.first_sample)
+def batches_covering(
+    session: Session, *, stream_id: str, first_sample: int, stop: int | None = None
+) -> list[StoredBatch]:
+    """The stream's batches that hold samples from `first_sample` on (before `stop`, if
+    given), oldest first."""
+    statement = select(ReadingBatch.__table__).where(
+        ReadingBatch.stream_id == stream_id,
+        ReadingBatch.first_sample + ReadingBatch.count > first_sample,
     )
-    return [_stored(row) for row in session.execute(statement)]
+    if stop is not None:
+        statement = statement.where(ReadingBatch.first_sample < stop)
+    return [_stored(row) for row in session.execute(statement.order_by(ReadingBatch.first_sample))]
 
 
 def batches_after_checkpoints(

@@ -105,7 +105,11 @@ def test_a_cancelled_job_makes_no_version(service: TestClient) -> None:
         time.sleep(0.2)
     cancelled = service.delete(f"/v1/jobs/{job_id}")
     assert cancelled.status_code == 200 and cancelled.json()["phase"] == "cancelled"
-    time.sleep(1)
+    runner = service.app_state["twinwatch"].jobs
+    deadline = time.monotonic() + 30
+    while runner._running is not None:  # its process is ended, not left to train
+        assert time.monotonic() < deadline, "the cancelled job's process still runs"
+        time.sleep(0.1)
     assert finished(service, job_id)["phase"] == "cancelled"
     assert [v["version"] for v in service.get("/v1/models/lstm-seed0").json()["versions"]] == [1]
     again = service.delete(f"/v1/jobs/{job_id}")

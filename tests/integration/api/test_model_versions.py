@@ -179,16 +179,23 @@ def test_a_switch_that_cannot_be_made_says_why(make_client: AppFactory) -> None:
     assert client.get("/v1/streams/pump-1").json()["model_version"] is None
 
 
-def test_a_stream_remembers_what_it_ran_before_its_last_switch(make_client: AppFactory) -> None:
+def test_a_stream_remembers_what_it_ran_before_its_last_switch(
+    make_client: AppFactory, models_dir: Path
+) -> None:
     client = make_client()
+    write_fake_model(models_dir, "lstm-seed0", thresholds=NEVER)
+    client = restart(make_client, client)  # versions 1 and 2 (active)
     client.put("/v1/streams/pump-1", json={})
     assert client.get("/v1/streams/pump-1").json()["previous_model"] is None
     client.post("/v1/streams/pump-1/readings", json=readings(0, 30))
+    same = client.post("/v1/streams/pump-1/model", json={"name": "lstm-seed0", "version": 2})
+    assert same.status_code == 409
+    assert same.json()["detail"] == "stream 'pump-1' runs lstm-seed0 version 2 already"
     switched = client.post("/v1/streams/pump-1/model", json={"name": "lstm-seed0", "version": 1})
-    assert switched.json()["previous_model"] == {"name": "lstm-seed0", "version": 1}
+    assert switched.json()["previous_model"] == {"name": "lstm-seed0", "version": 2}
     assert client.get("/v1/streams/pump-1").json()["previous_model"] == {
         "name": "lstm-seed0",
-        "version": 1,
+        "version": 2,
     }
 
 
