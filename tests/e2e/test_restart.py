@@ -322,7 +322,9 @@ def alarm_rows(database_url: str) -> list[dict[str, Any]]:
     database = Database(database_url)
     try:
         with database.session() as session:
-            alarms = session.scalars(select(Alarm).order_by(Alarm.opened_sample, Alarm.detector))
+            alarms = session.scalars(
+                select(Alarm).order_by(Alarm.opened_sample, Alarm.detector, Alarm.stream_id)
+            )
             return [{name: getattr(alarm, name) for name in ALARM_FIELDS} for alarm in alarms]
     finally:
         database.dispose()
