@@ -675,16 +675,16 @@ class ReadingsHistory(BaseModel):
     stream: str
     model: str
     model_version: str = Field(description="The version whose forecasts these are.")
-    step_s: float | None = Field(description="The buckets' width; null: every reading.")
+    step_s: float | None = Field(None, description="The buckets' width; null: every reading.")
     t: list[float] = Field(description="Epoch seconds: each reading's, or each bucket's start.")
-    value: Column | None = Field(description="The readings (the first channel); raw only.")
-    forecast: Column | None = Field(description="Raw only; null while warming up.")
-    residual: Column | None = Field(description="Raw only.")
-    statistics: dict[str, Column] | None = Field(description="Each detector's; raw only.")
+    value: Column | None = Field(None, description="The readings (the first channel); raw only.")
+    forecast: Column | None = Field(None, description="Raw only; null while warming up.")
+    residual: Column | None = Field(None, description="Raw only.")
+    statistics: dict[str, Column] | None = Field(None, description="Each detector's; raw only.")
     thresholds: dict[str, float] = Field(description="Each detector's, as the stream runs now.")
-    count: list[int] | None = Field(description="Readings in each bucket; bucketed only.")
+    count: list[int] | None = Field(None, description="Readings in each bucket; bucketed only.")
     buckets: dict[str, Spread] | None = Field(
-        description="value, forecast, residual and each detector's statistic; bucketed only."
+        None, description="value, forecast, residual and each detector's statistic; bucketed only."
     )
 
 
@@ -880,6 +880,31 @@ class JobIn(_Body):
 
 
 class JobOut(BaseModel):
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "id": 7,
+                    "stream": "pump-1",
+                    "kind": "retrain",
+                    "params": {
+                        "since": 1764460800.0,
+                        "until": None,
+                        "false_alarms_per_day": 1.0,
+                        "epochs": 20,
+                    },
+                    "phase": "succeeded",
+                    "progress": {"step": "calibrating"},
+                    "result": {"name": "pump-a", "version": 3, "calibration": {}},
+                    "error": None,
+                    "created_at": "2026-12-01T23:00:00Z",
+                    "started_at": "2026-12-01T23:00:01Z",
+                    "finished_at": "2026-12-01T23:04:10Z",
+                }
+            ]
+        }
+    )
+
     id: int
     stream: str
     kind: str
@@ -889,12 +914,12 @@ class JobOut(BaseModel):
         description="While it runs: its step, a retrain's epoch and loss."
     )
     result: dict[str, Any] | None = Field(
-        description="Once it succeeded: the candidate version it made (name, version)."
+        None, description="Once it succeeded: the candidate version it made (name, version)."
     )
-    error: str | None = Field(description="Why it failed.")
+    error: str | None = Field(None, description="Why it failed.")
     created_at: datetime
-    started_at: datetime | None
-    finished_at: datetime | None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
 
     @classmethod
     def of(cls, job: Job) -> JobOut:
@@ -942,6 +967,46 @@ class ShadowOut(BaseModel):
     """A candidate version beside the version the stream runs, over the same stored readings
     since the shadow started (the latest million at most): what each forecast, and the alarms
     each raised or would raise. The candidate raises nothing."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "stream": "pump-1",
+                    "started_at": "2026-12-01T00:00:00Z",
+                    "from_sample": 864000,
+                    "readings": 864000,
+                    "since_t": 1764547200.0,
+                    "until_t": 1764633599.9,
+                    "active": {
+                        "model": "pump-a",
+                        "version": "2",
+                        "residual_rmse": 0.041,
+                        "monitored": 863700,
+                        "alarms": 3,
+                        "alarms_per_day": 3.0,
+                        "detections": [
+                            {
+                                "detector": "rolling_rms",
+                                "start_t": 1764590000.0,
+                                "end_t": 1764590012.3,
+                                "peak": 0.31,
+                            }
+                        ],
+                    },
+                    "candidate": {
+                        "model": "pump-a",
+                        "version": "3",
+                        "residual_rmse": 0.038,
+                        "monitored": 863700,
+                        "alarms": 1,
+                        "alarms_per_day": 1.0,
+                        "detections": [],
+                    },
+                }
+            ]
+        }
+    )
 
     stream: str
     started_at: datetime

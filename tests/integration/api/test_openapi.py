@@ -165,3 +165,14 @@ def test_an_open_server_declares_no_token() -> None:
     document = create_app(Settings()).openapi()
     for _, _, operation in operations(document):
         assert "security" not in operation and "401" not in operation["responses"]
+
+
+def test_the_model_lifecycle_answers_have_examples_their_models_accept(
+    openapi: dict[str, Any],
+) -> None:
+    for name in ("ModelVersionOut", "ReadingsHistory", "JobOut", "ShadowOut"):
+        examples = openapi["components"]["schemas"][name]["examples"]
+        assert examples, name
+        model: type[BaseModel] = getattr(schemas, name)
+        for example in examples:
+            model.model_validate_json(json.dumps(example))
