@@ -248,32 +248,48 @@ class LiveStreams:
                 for row in alarm_repo.list_open(session, stream_ids=chunk)
                 if row.detector == "stale"
             }
+            made = []
+            together: dict[tuple[int, bool], list[tuple[Recurrence, StreamState, Readings, float]]]
+            together = {}
             for stream in streams:
-                restored[stream.id] = self._restored(
-                    session,
-                    stream,
-                    self._kind(stream, learned.get(stream.id)),
-                    checkpoints.get(stream.id),
-                    stored.get(stream.id, []),
-                    stale_since=stale_since.get(stream.id),
-                    events_from=events_from,
+                kind = self._kind(stream, learned.get(stream.id))
+                state, due, readings = self._resumed(
+                    stream, kind, checkpoints.get(stream.id), stored.get(stream.id, [])
                 )
+                replayed = Replayed()
+                plain = kind.base is None and kind.quiet_until is None and not kind.revisions
+                if readings is not None and plain and events_from is None:
+                    key = (id(kind.recurrence), stream.has_reference)
+                    item = (kind.recurrence, state, readings, kind.sample_period_s)
+                    together.setdefault(key, []).append(item)
+                elif readings is not None:
+                    replayed = replay(
+                        kind.recurrence if kind.base is None else kind.base,
+                        state,
+                        readings,
+                        kind.sample_period_s,
+                        quiet_until=kind.quiet_until,
+                        events_from=events_from,
+                        revisions=kind.revisions,
+                    )
+                made.append((stream, kind, state, due, replayed))
+            for group in together.values():
+                _advance_together(group)
+            for stream, kind, state, due, replayed in made:
+                live = self._live(session, stream, kind, state, due, stale_since.get(stream.id))
+                restored[stream.id] = (live, replayed)
         return restored
 
-    def _restored(
+    def _resumed(
         self,
-        session: Session,
         stream: Stream,
         kind: _Kind,
         checkpoint: StreamCheckpoint | None,
         stored: list[reading_repo.StoredBatch],
-        *,
-        stale_since: int | None,
-        events_from: int | None,
-    ) -> tuple[LiveStream, Replayed]:
-        """One stream's state: its checkpoint's (a new one without) advanced through the
-        readings `stored` after it."""
-        recurrence, period = kind.recurrence, kind.sample_period_s
+    ) -> tuple[StreamState, int, Readings | None]:
+        """One stream's state from its checkpoint (a new one without), when its next checkpoint
+        is due, and the readings stored after the checkpoint, still to run through it."""
+        recurrence = kind.recurrence
         if checkpoint is None:
             state = recurrence.new_state()
             due = 1 + zlib.crc32(stream.id.encode()) % self.checkpoint_every  # staggered
@@ -289,31 +305,34 @@ class LiveStreams:
                 state = recurrence.restore(saved, last_time, fresh_monitor=True)
             due = state.samples + self.checkpoint_every
         stored = [batch for batch in stored if batch.first_sample >= state.samples]
-        replayed = Replayed()
-        if stored:
-            expected = state.samples
-            for batch in stored:
-                if batch.first_sample != expected:
-                    raise DataError(
-                        f"stream {stream.id!r}: readings from sample {expected} are missing"
-                    )
-                expected = batch.stop
-            replayed = replay(
-                recurrence if kind.base is None else kind.base,
-                state,
-                _joined(stored, has_reference=stream.has_reference),
-                period,
-                quiet_until=kind.quiet_until,
-                events_from=events_from,
-                revisions=kind.revisions,
-            )
+        if not stored:
+            return state, due, None
+        expected = state.samples
+        for batch in stored:
+            if batch.first_sample != expected:
+                raise DataError(
+                    f"stream {stream.id!r}: readings from sample {expected} are missing"
+                )
+            expected = batch.stop
+        return state, due, _joined(stored, has_reference=stream.has_reference)
+
+    def _live(
+        self,
+        session: Session,
+        stream: Stream,
+        kind: _Kind,
+        state: StreamState,
+        due: int,
+        stale_since: int | None,
+    ) -> LiveStream:
+        recurrence = kind.recurrence
         live = LiveStream(
             stream_id=stream.id,
             model_name=stream.model_name,
             model_version=kind.version,
             channels=list(stream.channels),
             has_reference=stream.has_reference,
-            sample_period_s=period,
+            sample_period_s=kind.sample_period_s,
             recurrence=recurrence,
             state=state,
             checkpoint_due=due,
@@ -327,7 +346,7 @@ class LiveStreams:
             times = reading_repo.all_times(session, stream_id=stream.id)
             kind.learning.first_time = int(times[0]) if times.size else None
             kind.learning.end = kind.learning.plan.end(times)
-        return live, replayed
+        return live
 
     def _kind(self, stream: Stream, row: LearnedModelRow | None) -> _Kind:
         """What processes the stream: its named model, its learned one (`row`), or (still
@@ -820,6 +839,24 @@ class Switched:
 
     previous: tuple[str, str]
     applied: alarm_repo.Applied
+
+
+def _advance_together(group: list[tuple[Recurrence, StreamState, Readings, float]]) -> None:
+    """Streams of one recurrence through their readings in one block, as a gateway's tick
+    runs them: the same bits as one at a time, at a fraction of the cost."""
+    recurrence = group[0][0]
+    readings = [item[2] for item in group]
+    references = [r.references for r in readings if r.references is not None]  # all or none
+    recurrence.advance(
+        [item[1] for item in group],
+        Readings(
+            np.array([int(r.counts[0]) for r in readings]),
+            np.concatenate([r.times for r in readings]),
+            np.concatenate([r.values for r in readings]),
+            np.concatenate(references) if references else None,
+        ),
+        [item[3] for item in group],
+    )
 
 
 def _joined(
