@@ -196,8 +196,8 @@ _UNNEST_INSERT = text(
 
 def _insert_unnest(session: Session, batches: list[NewBatch]) -> int:
     # Arrays go as PostgreSQL array literals, each built from one numpy conversion and one
-    # join: psycopg's list dumpers, or a conversion per batch, cost several times more for the
-    # five hundred one-reading batches of a gateway's tick.
+    # join: psycopg's list dumpers, or a conversion per batch, cost more for the many
+    # one-reading batches of a gateway's tick.
     counts = [len(batch.micros) for batch in batches]
     times = np.concatenate([batch.micros for batch in batches]).astype(_TIMES)
     ends = np.cumsum(counts)

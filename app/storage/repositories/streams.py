@@ -168,7 +168,7 @@ def update(
 
 
 # Built once and run on the session's connection: per ingest request, building the statement
-# and the ORM's execution cost five times what the UPDATE does.
+# and the ORM's execution cost more than the UPDATE itself.
 _ADVANCE = (
     sql_update(Stream)
     .where(Stream.id == bindparam("key"))
