@@ -17,14 +17,16 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.catalogue import load_version
 from app.errors import DataError, UnauthorizedError
 from app.jobs.runner import JobRunner
 from app.metrics import Metrics
-from app.registry import ArtifactLoader, ModelRegistry
+from app.registry import ArtifactLoader, ModelRegistry, RegisteredModel
 from app.schemas import PROBLEM_MEDIA_TYPE
 from app.settings import Settings
 from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
+from app.storage.repositories import model_versions as version_repo
 from app.streams.learning import Learner
 from app.streams.live import LiveStreams
 
@@ -43,6 +45,12 @@ class AppState:
     learner: Learner
     jobs: JobRunner
     started_at: datetime
+
+    def model_version(self, session: Session, name: str, version: int) -> RegisteredModel:
+        """A version of a model, loaded (from the artifact store the first time). NotFoundError
+        if the model has no such version."""
+        row = version_repo.require(session, name, version)
+        return load_version(self.registry, row, self.store, loader=self.loader)
 
 
 STATE_KEY = "twinwatch"  # the key `app.main.LifespanState` yields

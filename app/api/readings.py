@@ -341,4 +341,4 @@ def get_readings(
 
 
 def _column(values: np.ndarray) -> list[float | None]:
-    return [None if math.isnan(x) else x for x in values.tolist()]
+    return [_number(x) for x in values.tolist()]

@@ -19,9 +19,9 @@ from app.api.deps import (
 )
 from app.api.readings import MOST_RECOMPUTED
 from app.api.streams import StreamIdPath
-from app.catalogue import load_version
 from app.errors import NotFoundError
 from app.monitoring.alarms import AlarmEvent
+from app.monitoring.calibration import SECONDS_PER_DAY
 from app.schemas import Detection, ModelChoice, ShadowOut, ShadowSide, problem_responses
 from app.storage.models import Shadow, Stream
 from app.storage.repositories import model_versions as version_repo
@@ -35,7 +35,6 @@ router = APIRouter(
 )
 
 DETECTIONS_SHOWN = 100
-SECONDS_PER_DAY = 86_400.0
 
 
 @router.put(
@@ -52,8 +51,7 @@ def put_shadow(
     """The candidate sees the stream's readings from its next one on and raises nothing; `GET`
     compares it with what the stream runs. A stream has one shadow at most: this replaces it."""
     stream = stream_repo.require(session, stream_id)
-    row = version_repo.require(session, choice.name, choice.version)
-    model = load_version(state.registry, row, state.store, loader=state.loader)
+    model = state.model_version(session, choice.name, choice.version)
     state.streams.runnable(stream, model)
     samples = state.streams.read(session, stream).state.samples
     shadow = version_repo.set_shadow(
@@ -100,8 +98,7 @@ def delete_shadow(stream_id: StreamIdPath, session: SessionDep) -> Response:
 def _compared(state: AppState, session: Session, stream: Stream, shadow: Shadow) -> ShadowOut:
     """Both versions over the stream's stored readings since the shadow started (the latest
     `MOST_RECOMPUTED` at most), each warmed on the readings before."""
-    row = version_repo.require(session, shadow.model_name, shadow.model_version)
-    model = load_version(state.registry, row, state.store, loader=state.loader)
+    model = state.model_version(session, shadow.model_name, shadow.model_version)
     candidate = state.streams.recurrence_for(model, stream.detector_overrides)
     active, period, version = state.streams.model_of(session, stream)
     total = reading_repo.count(session, stream_id=stream.id)  # (not holding the stream)

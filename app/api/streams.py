@@ -24,7 +24,6 @@ from app.api.deps import (
     utcnow,
 )
 from app.api.queries import CursorQuery, LimitQuery
-from app.catalogue import load_version
 from app.errors import AppError, ConflictError, DataError
 from app.learning.thresholds import LEARNED_DETECTORS
 from app.registry import AUTO
@@ -328,8 +327,7 @@ def switch_model(
     had open close at the switch; the alarms that follow name the new version. Rolling back is
     the same call with the previous version (the answer's `model_version` before the call)."""
     stream_repo.require(session, stream_id)
-    row = version_repo.require(session, choice.name, choice.version)
-    model = load_version(state.registry, row, state.store, loader=state.loader)
+    model = state.model_version(session, choice.name, choice.version)
     switched = state.streams.switch(session, stream_id, model)
     shadow = version_repo.shadow_of(session, stream_id)
     if shadow is not None and (shadow.model_name, shadow.model_version) == (

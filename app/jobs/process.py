@@ -34,7 +34,6 @@ from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
 from app.storage.models import Job, ModelVersion, Stream
 from app.storage.repositories import jobs as job_repo
-from app.storage.repositories import model_entries
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
@@ -192,12 +191,10 @@ def _candidate(
 
 
 def _running_version(session: Session, stream: Stream) -> ModelVersion:
-    if stream.model_version is not None:
-        return version_repo.require(session, stream.model_name, stream.model_version)
-    entry = model_entries.get(session, stream.model_name)
-    if entry is None or entry.active_version is None:
+    version = version_repo.run_by(session, stream)
+    if version is None:
         raise DataError(f"model {stream.model_name!r} has no version to start from")
-    return version_repo.require(session, stream.model_name, entry.active_version)
+    return version_repo.require(session, stream.model_name, version)
 
 
 def _period(session: Session, stream_id: str, params: dict[str, Any]) -> tuple[int, int | None]:

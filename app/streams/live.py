@@ -40,7 +40,6 @@ from app.storage.models import Stream, StreamCheckpoint
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import learned as learned_repo
-from app.storage.repositories import model_entries
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
@@ -620,11 +619,8 @@ class LiveStreams:
     def _version_of(self, session: Session, stream: Stream) -> str:
         """The version a stream of a trained model runs: the one it names, else its model's
         active one."""
-        if stream.model_version is not None:
-            return str(stream.model_version)
-        entry = model_entries.get(session, stream.model_name)
-        active = None if entry is None else entry.active_version
-        return "unknown" if active is None else str(active)
+        version = version_repo.run_by(session, stream)
+        return "unknown" if version is None else str(version)
 
     def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
         """Write the stream's state (and its row's reading count), unless `force` is False and

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from tests.e2e.conftest import E2E_BACKENDS, ServeProcess, ServerFactory, new_database
+from tests.support.jobs import finished
 from tests.support.models import epoch_times, lab_series
 
 NORMAL = 7000  # the lab record's normal operation; its faults follow, up to 8000
@@ -45,16 +46,6 @@ def post(client: httpx.Client, first: int, stop: int) -> list[dict[str, Any]]:
         assert answer.json()["accepted"] == min(stop, start + BATCH) - start
         opened += answer.json()["opened"]
     return opened
-
-
-def finished(client: httpx.Client, job_id: int) -> dict[str, Any]:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["phase"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not finish")
 
 
 def versions(client: httpx.Client) -> dict[int, str]:

@@ -82,6 +82,15 @@ def create(
     return row
 
 
+def run_by(session: Session, stream: Stream) -> int | None:
+    """The version a stream of a trained model runs: the one it names, else its model's
+    active one (None if its model has none)."""
+    if stream.model_version is not None:
+        return stream.model_version
+    entry = session.get(ModelEntry, stream.model_name)
+    return None if entry is None else entry.active_version
+
+
 def in_use(session: Session, name: str) -> set[int]:
     """The versions of `name` that run: its active one and those streams name."""
     entry = session.get(ModelEntry, name)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,6 +20,7 @@ from app.cli import models as models_cli
 from app.errors import AppError
 from app.registry import default_loader
 from tests.integration.conftest import AppFactory
+from tests.support.jobs import finished
 from tests.support.models import calibrated_lab_model, epoch_times, lab_series
 
 READINGS = 7000  # lab samples 0..6999: normal operation (the lab's faults start at 7000)
@@ -44,16 +44,6 @@ def service(make_client: AppFactory, lab_models: Path) -> TestClient:
     }
     assert client.post("/v1/streams/pump-1/readings?results=false", json=body).status_code == 200
     return client
-
-
-def finished(client: TestClient, job_id: int, timeout_s: float = 240) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["phase"] in ("succeeded", "failed", "cancelled"):
-            return job
-        time.sleep(0.2)
-    raise AssertionError(f"job {job_id} did not finish: {job}")
 
 
 def test_a_recalibration_makes_a_candidate_a_stream_can_run(service: TestClient) -> None:
