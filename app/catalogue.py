@@ -2,6 +2,10 @@
 artifact in the content-addressed store (`app/storage/artifact_store.py`), the loaded ones in
 the registry (`app/registry.py`).
 
+A stream of model "auto" has its own name, `auto.<stream id>`: its first fit is version 1, each
+revision of its thresholds the next version, and its jobs' candidates versions beside them; the
+artifact of such a version is the learned model's JSON (`learned.json`).
+
 At start-up each models directory's artifact becomes a version of its name (the version that
 already holds that artifact, or the next number) and the name's active version: what a stream
 runs unless it names a version. The versions streams name (after a promotion or a rollback)
@@ -10,22 +14,34 @@ are loaded from the store.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import shutil
+import tempfile
 from dataclasses import replace
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
 
 from app.errors import AppError, ArtifactError
+from app.learning.learn import LearnedModel
+from app.monitoring.monitor import MonitorConfig
 from app.registry import (
     AUTO,
     ArtifactLoader,
     ModelRegistry,
     RegisteredModel,
     default_loader,
+    learned_name,
     register,
 )
 from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
-from app.storage.models import ModelVersion
+from app.storage.models import ModelVersion, Stream
+from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import model_entries
 from app.storage.repositories import model_versions as version_repo
 
@@ -91,6 +107,8 @@ def register_models(
             entry.version = str(row.version)
             version_repo.refresh_statuses(session, model.name)
             numbered[model.name] = replace(model, version=str(row.version))
+        if store is not None:
+            version_unversioned(session, store, now=now)
         errors = dict(registry.errors)
         catalogue = ModelRegistry(models=numbered, errors=errors)
         for name, version in sorted(version_repo.pinned(session)):
@@ -132,3 +150,179 @@ def load_version(
         )
     registry.add(model)
     return model
+
+
+LEARNED = "learned"
+"""The kind of a version a stream learned."""
+LEARNED_FILE = "learned.json"
+
+
+def store_learned(store: ArtifactStore | None, learned: LearnedModel) -> str:
+    """The learned model's artifact hash, its directory put in the store."""
+    if store is None:
+        raise ArtifactError("no artifact store: the versions streams learn cannot be kept")
+    data = json.dumps(learned.to_json(), sort_keys=True).encode()
+    sha = hashlib.sha256(data).hexdigest()
+    if not store.has(sha):
+        scratch = Path(tempfile.mkdtemp(prefix="twinwatch-learned-"))
+        try:
+            (scratch / LEARNED_FILE).write_bytes(data)
+            store.put(scratch, sha)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+    return sha
+
+
+def load_learned(store: ArtifactStore | None, row: ModelVersion) -> LearnedModel:
+    """A learned version's model, from the store."""
+    if store is None or not store.has(row.artifact_sha256):
+        raise ArtifactError(
+            f"model {row.name!r} version {row.version}: its artifact is not in the store"
+        )
+    data = (store.path(row.artifact_sha256) / LEARNED_FILE).read_bytes()
+    if hashlib.sha256(data).hexdigest() != row.artifact_sha256:
+        raise ArtifactError(
+            f"model {row.name!r} version {row.version}: its stored artifact was changed"
+        )
+    return LearnedModel.from_json(json.loads(data))
+
+
+def learned_version(
+    session: Session,
+    store: ArtifactStore | None,
+    *,
+    stream_id: str,
+    channels: list[str],
+    learned: LearnedModel,
+    source: dict[str, Any],
+    created_by: str,
+    now: datetime,
+    status: str = "candidate",
+) -> ModelVersion:
+    """A new version of the stream's learned models; an `active` one becomes what the stream
+    runs (the one it ran before retires)."""
+    name = learned_name(stream_id)
+    sha = store_learned(store, learned)
+    if model_entries.get(session, name) is None:
+        model_entries.upsert(
+            session,
+            name=name,
+            version="0",
+            kind=LEARNED,
+            manifest_sha256=sha,
+            config={"kind": LEARNED, "stream": stream_id},
+            metrics={},
+            thresholds={},
+            loaded_at=now,
+        )
+    row = version_repo.create(
+        session,
+        name=name,
+        artifact_sha256=sha,
+        source=source,
+        **learned_fields(learned, channels),
+        created_by=created_by,
+        now=now,
+        status=status,
+    )
+    if status == "active":
+        activate(session, row)
+    return row
+
+
+def learned_fields(learned: LearnedModel, channels: list[str]) -> dict[str, Any]:
+    """What a learned version's row says of it: its kind, each channel's model and error, its
+    detectors' thresholds and how they were set."""
+    return {
+        "kind": LEARNED,
+        "metrics": {"channels": learned.summary(channels)},
+        "thresholds": learned.monitor.model_dump(mode="json"),
+        "calibration": {
+            **(learned.monitor.calibration or {}),
+            "method": "learned",
+            "false_alarms_per_day": learned.false_alarms_per_day,
+            "readings": learned.readings,
+        },
+    }
+
+
+def version_unversioned(session: Session, store: ArtifactStore, *, now: datetime) -> int:
+    """Streams that learned before the catalogue kept learned versions: their first fit becomes
+    version 1 of their learned models, each revision since the next. Returns how many."""
+    made = 0
+    for stream, row in learned_repo.unversioned(session):
+        assert row.model is not None
+        learned = LearnedModel.from_json(row.model)
+        first_fit(session, store, stream, learned, row.learned_from, now=now)
+        for revised in row.revisions:
+            monitor = MonitorConfig.model_validate(revised["monitor"])
+            revision(session, store, stream, learned, monitor, revised["from_sample"], now=now)
+        made += 1
+    if made:
+        log.info("%d learned stream(s) now run versions of their learned models", made)
+    return made
+
+
+def first_fit(
+    session: Session,
+    store: ArtifactStore | None,
+    stream: Stream,
+    learned: LearnedModel,
+    readings: int,
+    *,
+    now: datetime,
+) -> ModelVersion:
+    """What a stream learned from its first `readings` readings: version 1 of its learned
+    models (the next one if it learned before under its id), which it runs from now on."""
+    row = learned_version(
+        session,
+        store,
+        stream_id=stream.id,
+        channels=list(stream.channels),
+        learned=learned,
+        source={"stream": stream.id, "first_sample": 0, "readings": readings},
+        created_by="learning",
+        now=now,
+        status="active",
+    )
+    stream.model_version = row.version
+    return row
+
+
+def revision(
+    session: Session,
+    store: ArtifactStore | None,
+    stream: Stream,
+    learned: LearnedModel,
+    monitor: MonitorConfig,
+    from_sample: int,
+    *,
+    now: datetime,
+) -> ModelVersion:
+    """A revision of a learned stream's thresholds (`monitor`, from sample `from_sample` on):
+    the next version of its learned models, which it runs from now on."""
+    row = learned_version(
+        session,
+        store,
+        stream_id=stream.id,
+        channels=list(stream.channels),
+        learned=replace(learned, monitor=monitor),
+        source={"stream": stream.id, "from_sample": from_sample},
+        created_by="revision",
+        now=now,
+        status="active",
+    )
+    stream.model_version = row.version
+    return row
+
+
+def activate(session: Session, row: ModelVersion) -> None:
+    """Make the version its name's active one: what runs (a learned one: on its stream)."""
+    entry = model_entries.get(session, row.name)
+    assert entry is not None
+    entry.active_version = row.version
+    entry.version = str(row.version)
+    entry.manifest_sha256 = row.artifact_sha256
+    entry.thresholds = row.thresholds
+    entry.metrics = row.metrics
+    version_repo.refresh_statuses(session, row.name)

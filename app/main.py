@@ -75,6 +75,7 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
             registry,
             checkpoint_every=settings.checkpoint_every,
             retention=None if retention is None else timedelta(days=retention),
+            store=store,
         )
         learner = Learner(
             streams,
@@ -82,9 +83,11 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
             lstm=settings.learning_lstm,
         )
         streams.on_learning_due = learner.submit
-        resume_streams(database, streams, metrics)
+        # Before the streams resume: it fails the jobs a stopped service left running, and a
+        # resumed stream may start a fit (a job) at once.
         runner = JobRunner(database, settings)
         runner.start()
+        resume_streams(database, streams, metrics)
     except BaseException:
         database.dispose()
         raise
@@ -174,8 +177,8 @@ def create_app(
             try:
                 # A clean stop leaves nothing to replay at the next start (a fit in progress
                 # is finished; one queued is done again at the next start).
-                await anyio.to_thread.run_sync(state.jobs.stop)
                 await anyio.to_thread.run_sync(state.learner.shutdown)
+                await anyio.to_thread.run_sync(state.jobs.stop)
                 await anyio.to_thread.run_sync(state.streams.checkpoint_all)
             except Exception:
                 log.exception("checkpointing the streams at shutdown failed")

@@ -33,6 +33,16 @@ AUTO = "auto"
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 _NAME = re.compile(NAME_PATTERN)
 
+LEARNED_PREFIX = f"{AUTO}."
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,132}$"
+"""A name in the catalogue: a trained model's, or `learned_name` of a stream's id."""
+
+
+def learned_name(stream_id: str) -> str:
+    """The catalogue's name for the models a stream of model "auto" learned (its versions: the
+    first fit, each revision of its thresholds, the candidates of its jobs)."""
+    return LEARNED_PREFIX + stream_id
+
 
 class Artifact(Protocol):
     """What the registry needs of a loaded artifact (`app.forecasting.artifacts.LoadedModel`)."""
@@ -200,6 +210,9 @@ def load_models(
             sources[name] = models_dir
             if not _NAME.fullmatch(name):
                 errors[name] = f"directory name must match {NAME_PATTERN}"
+                continue
+            if name == AUTO or name.startswith(LEARNED_PREFIX):
+                errors[name] = f"names {AUTO!r} and {LEARNED_PREFIX}* are the learned models'"
                 continue
             try:
                 artifact = loader(directory)

@@ -23,7 +23,7 @@ from pydantic import (
 from app.learning.learn import DEFAULT_LEARNING_READINGS
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.detectors import DETECTORS
-from app.registry import NAME_PATTERN, RegisteredModel
+from app.registry import MODEL_NAME_PATTERN, NAME_PATTERN, RegisteredModel
 from app.storage.models import Alarm, Incident, Job, ModelVersion, Stream
 
 STREAM_ID_PATTERN = NAME_PATTERN
@@ -431,7 +431,8 @@ class StreamOut(BaseModel):
     )
     model_version: int | None = Field(
         description="The version of `model` it runs once a promotion or rollback named one; "
-        "null: the model's active version."
+        "null: the model's active version. A stream of model `auto`: the version of its "
+        "learned models (`auto.<stream id>`) it runs; null while it learns."
     )
     previous_model: ModelChoice | None = Field(
         None,
@@ -806,10 +807,20 @@ class ModelChoice(_Body):
     """A model version for a stream to run from its next reading on."""
 
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"examples": [{"name": "lstm-seed0", "version": 2}]}
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {"name": "lstm-seed0", "version": 2},
+                {"name": "auto.pump-7", "version": 5},
+            ]
+        },
     )
 
-    name: str = Field(pattern=NAME_PATTERN, max_length=128, description="The model's name.")
+    name: str = Field(
+        pattern=MODEL_NAME_PATTERN,
+        max_length=133,
+        description="The model's name (a stream's learned models: `auto.<stream id>`).",
+    )
     version: int = Field(ge=1, le=2**31 - 1, strict=True, description="One of its versions.")
 
 
@@ -846,7 +857,8 @@ class JobIn(_Body):
     kind: Literal["retrain", "recalibrate"] = Field(
         description="recalibrate: new thresholds for the version the stream runs, from the "
         "period's readings (taken as normal operation). retrain: the same kind of model "
-        "trained on the period's first 80%, its thresholds from the last 20%."
+        "trained on the period's first 80%, its thresholds from the last 20%; on a stream that "
+        "learns its own model, the stream learned afresh from the period, as its first fit."
     )
     since: ReadingTime | None = Field(
         None, description="The period's start (default: the first stored reading)."
@@ -854,11 +866,19 @@ class JobIn(_Body):
     until: ReadingTime | None = Field(
         None, description="The period's end, excluded (default: after the last)."
     )
-    false_alarms_per_day: float = Field(
-        1.0, gt=0, le=10_000, description="The false alarms a day the thresholds allow."
+    false_alarms_per_day: float | None = Field(
+        None,
+        gt=0,
+        le=10_000,
+        description="The false alarms a day the thresholds allow (default: a learned "
+        "stream's own budget, 1 for a trained model).",
     )
     epochs: int | None = Field(
-        None, ge=1, le=1000, description="A retrain's training epochs (default: the model's own)."
+        None,
+        ge=1,
+        le=1000,
+        description="A retrain's training epochs (default: the model's own; not for a stream "
+        "that learns its own model).",
     )
 
     @model_validator(mode="after")
@@ -907,7 +927,10 @@ class JobOut(BaseModel):
 
     id: int
     stream: str
-    kind: str
+    kind: Literal["retrain", "recalibrate", "learn", "revise"] = Field(
+        description="Asked for: `retrain`, `recalibrate`. A learning stream's own: its first "
+        "fit (`learn`) and each revision of its thresholds (`revise`)."
+    )
     params: dict[str, Any]
     phase: Literal["queued", "running", "succeeded", "failed", "cancelled"]
     progress: dict[str, Any] = Field(

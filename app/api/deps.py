@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app.catalogue import load_version
+from app.catalogue import LEARNED, load_learned, load_version
 from app.errors import DataError, UnauthorizedError
 from app.jobs.runner import JobRunner
 from app.metrics import Metrics
@@ -28,7 +28,7 @@ from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
 from app.storage.repositories import model_versions as version_repo
 from app.streams.learning import Learner
-from app.streams.live import LiveStreams
+from app.streams.live import LiveStreams, Target
 
 
 @dataclass
@@ -51,6 +51,15 @@ class AppState:
         if the model has no such version."""
         row = version_repo.require(session, name, version)
         return load_version(self.registry, row, self.store, loader=self.loader)
+
+    def target(self, session: Session, name: str, version: int) -> Target:
+        """A version, loaded, for a stream to run or be shadowed by: a trained model's or one a
+        stream learned (`LiveStreams.target_recurrence` says whether a stream may run it).
+        NotFoundError if there is no such version."""
+        row = version_repo.require(session, name, version)
+        if row.kind == LEARNED:
+            return Target(name, str(version), learned=load_learned(self.store, row))
+        return Target.trained(load_version(self.registry, row, self.store, loader=self.loader))
 
 
 STATE_KEY = "twinwatch"  # the key `app.main.LifespanState` yields

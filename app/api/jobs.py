@@ -12,6 +12,7 @@ from app.api.queries import LimitQuery, StreamQuery
 from app.errors import ConflictError, DataError
 from app.registry import AUTO
 from app.schemas import STREAM_ID_PATTERN, JobIn, JobList, JobOut, problem_responses
+from app.storage.models import LEARNER_JOBS
 from app.storage.repositories import jobs as job_repo
 from app.storage.repositories import streams as stream_repo
 
@@ -44,12 +45,19 @@ def create_job(
     """Queue a job that makes a candidate version of the stream's model from its stored
     readings of a period (taken as normal operation). Jobs run one at a time, each in a
     process of its own, so ingest goes on meanwhile; follow it with `GET /v1/jobs/{id}`. The
-    candidate runs nowhere until a stream is switched to it (`POST /v1/streams/{id}/model`)."""
+    candidate runs nowhere until a stream is switched to it (`POST /v1/streams/{id}/model`).
+    For a stream of model "auto" the candidate is a version of its learned models
+    (`auto.<stream id>`): a recalibration fits its detectors' thresholds again on the period,
+    a retrain learns the stream afresh from it."""
     stream = stream_repo.require(session, stream_id)
-    if stream.model_name == AUTO:
+    if stream.model_name == AUTO and stream.model_version is None:
         raise ConflictError(
-            f"stream {stream_id!r} learns its own model (and revises its thresholds as it "
-            "runs): jobs are for streams of a trained model",
+            f"stream {stream_id!r} is still learning: a job works on the model it learns",
+            stream=stream_id,
+        )
+    if stream.model_name == AUTO and body.epochs is not None:
+        raise DataError(
+            f"stream {stream_id!r} learns its own model, which has no epochs: leave them out",
             stream=stream_id,
         )
     if not stream.sample_count and state.streams.position(stream_id) in (None, (0, None)):
@@ -106,8 +114,13 @@ def get_job(job_id: JobIdPath, session: SessionDep) -> JobOut:
 )
 def cancel_job(job_id: JobIdPath, session: SessionDep, state: StateDep) -> JobOut:
     """A running job's process is ended; it makes no version. A finished job cannot be
-    cancelled (409)."""
+    cancelled (409), nor a learning stream's fit or revision (kinds `learn`, `revise`)."""
     job = job_repo.require(session, job_id)
+    if job.kind in LEARNER_JOBS:
+        raise ConflictError(
+            f"job {job_id} is a learning stream's {job.kind}: the service runs it to its end",
+            job=job_id,
+        )
     if not job_repo.move(
         session, job_id, to="cancelled", when=("queued", "running"), finished_at=utcnow()
     ):

@@ -302,7 +302,7 @@ def get_readings(
     )
     common = {
         "stream": stream_id,
-        "model": stream.model_name,
+        "model": state.streams.name_of(stream),
         "model_version": history.version,
         "thresholds": monitor.thresholds,
     }

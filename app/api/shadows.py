@@ -51,8 +51,8 @@ def put_shadow(
     """The candidate sees the stream's readings from its next one on and raises nothing; `GET`
     compares it with what the stream runs. A stream has one shadow at most: this replaces it."""
     stream = stream_repo.require(session, stream_id)
-    model = state.model_version(session, choice.name, choice.version)
-    state.streams.runnable(stream, model)
+    target = state.target(session, choice.name, choice.version)
+    state.streams.target_recurrence(stream, target)  # (one it could run)
     samples = state.streams.read(session, stream).state.samples
     shadow = version_repo.set_shadow(
         session,
@@ -98,9 +98,10 @@ def delete_shadow(stream_id: StreamIdPath, session: SessionDep) -> Response:
 def _compared(state: AppState, session: Session, stream: Stream, shadow: Shadow) -> ShadowOut:
     """Both versions over the stream's stored readings since the shadow started (the latest
     `MOST_RECOMPUTED` at most), each warmed on the readings before."""
-    model = state.model_version(session, shadow.model_name, shadow.model_version)
-    candidate = state.streams.recurrence_for(model, stream.detector_overrides)
+    model = state.target(session, shadow.model_name, shadow.model_version)
+    candidate = state.streams.target_recurrence(stream, model)
     active, period, version = state.streams.model_of(session, stream)
+    running = state.streams.name_of(stream)
     total = reading_repo.count(session, stream_id=stream.id)  # (not holding the stream)
     first = max(shadow.from_sample, total - MOST_RECOMPUTED)
     stored = state.streams.stored_range(session, stream, first, None, most=MOST_RECOMPUTED)
@@ -111,7 +112,7 @@ def _compared(state: AppState, session: Session, stream: Stream, shadow: Shadow)
         readings=0,
         since_t=None,
         until_t=None,
-        active=_side(stream.model_name, version, None, None, 0.0),
+        active=_side(running, version, None, None, 0.0),
         candidate=_side(model.name, model.version, None, None, 0.0),
     )
     if stored is None or int(stored.readings.counts[0]) <= stored.skip:
@@ -127,7 +128,7 @@ def _compared(state: AppState, session: Session, stream: Stream, shadow: Shadow)
             "readings": int(stored.readings.counts[0]) - stored.skip,
             "since_t": float(times[stored.skip]) / 1e6,
             "until_t": float(times[-1]) / 1e6,
-            "active": _side(stream.model_name, version, runs[0], stored, days),
+            "active": _side(running, version, runs[0], stored, days),
             "candidate": _side(model.name, model.version, runs[1], stored, days),
         }
     )

@@ -325,10 +325,12 @@ def switch_model(
     switch holds the stream as a request of readings does. The new version starts warm: it has
     seen the stream's last stored readings (up to 2,000), silently. The alarms the old version
     had open close at the switch; the alarms that follow name the new version. Rolling back is
-    the same call with the previous version (the answer's `model_version` before the call)."""
+    the same call with the previous version (the answer's `model_version` before the call).
+    A stream of model "auto" runs the versions of its own learned models, named
+    `auto.<stream id>`: its first fit, the revisions of its thresholds, its jobs' candidates."""
     stream_repo.require(session, stream_id)
-    model = state.model_version(session, choice.name, choice.version)
-    switched = state.streams.switch(session, stream_id, model)
+    target = state.target(session, choice.name, choice.version)
+    switched = state.streams.switch(session, stream_id, target)
     shadow = version_repo.shadow_of(session, stream_id)
     if shadow is not None and (shadow.model_name, shadow.model_version) == (
         choice.name,
@@ -353,8 +355,8 @@ def switch_model(
         "stream %s switched from %s version %s to %s version %s",
         stream_id,
         *switched.previous,
-        model.name,
-        model.version,
+        target.name,
+        target.version,
     )
     return described
 

@@ -71,7 +71,9 @@ def list_command(url: UrlOption = DEFAULT_URL) -> None:
 
 
 def show_command(
-    name: Annotated[str, typer.Argument(help="The model's name.")],
+    name: Annotated[
+        str, typer.Argument(help="The model's name (a stream's learned ones: auto.<stream id>).")
+    ],
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Every version of a model: status, where it came from, when."""
@@ -104,7 +106,9 @@ def _switch(url: str, stream: str, name: str, version: int) -> None:
 
 def promote_command(
     stream: Annotated[str, typer.Argument(help="The stream.")],
-    name: Annotated[str, typer.Argument(help="The model.")],
+    name: Annotated[
+        str, typer.Argument(help="The model (a stream's learned ones: auto.<stream id>).")
+    ],
     version: Annotated[int, typer.Argument(min=1, help="Its version.")],
     url: UrlOption = DEFAULT_URL,
 ) -> None:

@@ -24,11 +24,18 @@ from typing import Any
 import numpy as np
 from sqlalchemy.orm import Session
 
+from app.catalogue import LEARNED, learned_fields, load_learned, store_learned
 from app.errors import AppError, DataError
 from app.forecasting.artifacts import load_model, save_model, update_manifest
 from app.forecasting.training import TrainingConfig, holdout_metrics
-from app.jobs.work import HOLDOUT_SHARE, holdout_thresholds, retrained
-from app.registry import manifest_sha256
+from app.jobs.work import (
+    HOLDOUT_SHARE,
+    holdout_thresholds,
+    recalibrated_learned,
+    relearned,
+    retrained,
+)
+from app.registry import AUTO, learned_name, manifest_sha256
 from app.settings import Settings
 from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
@@ -101,7 +108,7 @@ def _candidate(
             session, stream_id=stream_id, first_sample=max(0, first - REWARM_READINGS), stop=stop
         )
         period = stream.sample_period_s if stream.sample_period_s is not None else 0.1
-        has_reference = stream.has_reference
+        has_reference, channels = stream.has_reference, list(stream.channels)
     if not batches or (stop is not None and stop <= first):
         raise DataError("the stream has no stored reading in the job's period")
     base = batches[0].first_sample
@@ -113,8 +120,7 @@ def _candidate(
     if end <= start:
         raise DataError("the stream has no stored reading in the job's period")
     report(step="reading", readings=end - start)
-    loaded = load_model(store.path(current.artifact_sha256))
-    budget = float(params.get("false_alarms_per_day", 1.0))
+    budget = params.get("false_alarms_per_day")
     source = {
         "stream": stream_id,
         "since": params.get("since"),
@@ -123,6 +129,24 @@ def _candidate(
         "job": job_id,
         "from_version": current.version,
     }
+    if current.kind == LEARNED:
+        readings = Readings.of_one(
+            times[:end], values[:end], None if references is None else references[:end]
+        )
+        return _learned_candidate(
+            store,
+            current,
+            kind,
+            readings,
+            start=start,
+            budget=budget,
+            source=source,
+            report=report,
+            channels=channels,
+        )
+    loaded = load_model(store.path(current.artifact_sha256))
+    if budget is None:
+        budget = 1.0
     scratch = Path(tempfile.mkdtemp(prefix="twinwatch-job-"))
     try:
         directory = scratch / "artifact"
@@ -190,11 +214,52 @@ def _candidate(
     }
 
 
+def _learned_candidate(
+    store: ArtifactStore,
+    current: ModelVersion,
+    kind: str,
+    readings: Readings,
+    *,
+    start: int,
+    budget: float | None,
+    source: dict[str, Any],
+    report: Reporter,
+    channels: list[str],
+) -> dict[str, Any]:
+    """A learning stream's candidate: its learned model recalibrated on the period (the
+    readings before warm it up), or learned afresh from the period alone."""
+    learned = load_learned(store, current)
+    if budget is None:  # the one the stream runs with
+        budget = learned.false_alarms_per_day
+    if kind == "recalibrate":
+        report(step="calibrating")
+        new = recalibrated_learned(learned, readings, hold_from=start, false_alarms_per_day=budget)
+    else:
+        report(step="learning")
+        period = Readings.of_one(
+            readings.times[start:],
+            readings.values[start:],
+            None if readings.references is None else readings.references[start:],
+        )
+        new = relearned(learned, period, false_alarms_per_day=budget)
+    return {
+        "name": current.name,
+        "artifact_sha256": store_learned(store, new),
+        "source": source,
+        **learned_fields(new, channels),
+        "train_end": None,
+    }
+
+
 def _running_version(session: Session, stream: Stream) -> ModelVersion:
-    version = version_repo.run_by(session, stream)
+    """The version the stream runs (a learning stream: the one it learned last)."""
+    if stream.model_name == AUTO:
+        name, version = learned_name(stream.id), stream.model_version
+    else:
+        name, version = stream.model_name, version_repo.run_by(session, stream)
     if version is None:
-        raise DataError(f"model {stream.model_name!r} has no version to start from")
-    return version_repo.require(session, stream.model_name, version)
+        raise DataError(f"stream {stream.id!r} runs no model version to start from")
+    return version_repo.require(session, name, version)
 
 
 def _period(session: Session, stream_id: str, params: dict[str, Any]) -> tuple[int, int | None]:

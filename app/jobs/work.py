@@ -1,11 +1,13 @@
 """What a job computes from one stream's readings: thresholds for a false-alarm budget on a
-stretch of normal operation (recalibrate), or a forecaster trained again on it (retrain). Pure:
-arrays in, a model out; `app/jobs/process.py` reads the readings and stores the result."""
+stretch of normal operation (recalibrate), or a forecaster trained again on it (retrain); for a
+stream that learns its own model, the same done to its learned model. Pure: arrays in, a model
+out; `app/jobs/process.py` reads the readings and stores the result."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -15,6 +17,8 @@ from app.forecasting.artifacts import build_forecaster
 from app.forecasting.base import Forecaster
 from app.forecasting.lstm import LSTMForecaster
 from app.forecasting.stateful_lstm import StatefulLSTMForecaster
+from app.learning.adapt import refit
+from app.learning.learn import LearnedModel, learn
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.calibration import DetectorSettings, HoldOut, calibrate_rate
 from app.monitoring.monitor import MonitorConfig
@@ -81,3 +85,50 @@ def retrained(
     else:
         forecaster.fit(values, train_end=train_end)
     return forecaster
+
+
+def recalibrated_learned(
+    learned: LearnedModel,
+    readings: Readings,
+    *,
+    hold_from: int,
+    false_alarms_per_day: float,
+) -> LearnedModel:
+    """The learned model with its detectors fitted afresh for `false_alarms_per_day` on one
+    stream's readings from `hold_from` on (normal operation, by the operator's word: unlike a
+    periodic revision, not bounded by the thresholds it had); those before warm it up."""
+    values = readings.values
+    result = learned.forecast(readings)
+    held = result.monitored.copy()
+    held[:hold_from] = False
+    if int(held.sum()) < MIN_HOLDOUT:
+        raise DataError(
+            f"the period holds {int(held.sum())} monitored readings after the warm-up; "
+            f"thresholds need at least {MIN_HOLDOUT}"
+        )
+    monitor, scales = refit(
+        learned,
+        result.residuals,
+        values,
+        normal=held,
+        missing=np.isnan(values).any(axis=1).astype(np.float64),
+        reference_gaps=None if readings.references is None else result.reference_gap,
+        false_alarms_per_day=false_alarms_per_day,
+    )
+    return replace(
+        learned, monitor=monitor, scales=scales, false_alarms_per_day=false_alarms_per_day
+    )
+
+
+def relearned(
+    learned: LearnedModel, readings: Readings, *, false_alarms_per_day: float
+) -> LearnedModel:
+    """The stream learned afresh from one stream's readings, as its first fit learned it."""
+    return learn(
+        readings.times,
+        readings.values,
+        sample_period_s=learned.sample_period_s,
+        false_alarms_per_day=false_alarms_per_day,
+        references=readings.references,
+        lstm=learned.network is not None,
+    )

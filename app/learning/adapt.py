@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.learning.learn import LearnedModel
-from app.learning.thresholds import detectors_for
+from app.learning.thresholds import ChannelScale, detectors_for
 from app.monitoring.detectors import DETECTORS
 from app.monitoring.monitor import MonitorConfig
 
@@ -39,6 +39,31 @@ def revision_interval(learned: LearnedModel) -> int:
     return max(REVISE_AT_LEAST, REVISE_EVERY * learned.readings)
 
 
+def refit(
+    learned: LearnedModel,
+    residuals: np.ndarray,
+    values: np.ndarray,
+    *,
+    normal: np.ndarray,
+    missing: np.ndarray,
+    reference_gaps: np.ndarray | None,
+    false_alarms_per_day: float,
+) -> tuple[MonitorConfig, list[ChannelScale]]:
+    """The detectors and thresholds the learning rules give for `false_alarms_per_day` on the
+    readings marked `normal` (R,) (residuals (R, C) of the learned model, readings (R, C),
+    null flags (R,), reference gaps), with no bound: a revision bounds them (`revise`), a
+    recalibration asked for on a period of normal operation takes them as they are."""
+    return detectors_for(
+        np.where(normal[:, None], residuals, np.nan),
+        values,
+        [fit.offset for fit in learned.fits],
+        missing=np.where(normal, missing, np.nan),
+        sample_period_s=learned.sample_period_s,
+        false_alarms_per_day=false_alarms_per_day,
+        reference_gaps=None if reference_gaps is None else np.where(normal, reference_gaps, np.nan),
+    )
+
+
 def revise(
     learned: LearnedModel,
     residuals: np.ndarray,
@@ -50,16 +75,14 @@ def revise(
 ) -> MonitorConfig:
     """The learned monitor with thresholds re-fitted on the readings marked `normal` (R,):
     residuals (R, C) of the learned model, readings (R, C), null flags (R,), reference gaps."""
-    kept = np.where(normal[:, None], residuals, np.nan)
-    gaps = None if reference_gaps is None else np.where(normal, reference_gaps, np.nan)
-    fresh, _ = detectors_for(
-        kept,
+    fresh, _ = refit(
+        learned,
+        residuals,
         values,
-        [fit.offset for fit in learned.fits],
-        missing=np.where(normal, missing, np.nan),
-        sample_period_s=learned.sample_period_s,
+        normal=normal,
+        missing=missing,
+        reference_gaps=reference_gaps,
         false_alarms_per_day=learned.false_alarms_per_day,
-        reference_gaps=gaps,
     )
     refitted = {detector.kind: detector for detector in fresh.detectors}
     detectors = []

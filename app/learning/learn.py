@@ -112,6 +112,14 @@ class LearnedModel:
     def recurrence(self, *, max_gap: int = DEFAULT_MAX_GAP) -> Recurrence:
         return Recurrence(self.forecaster, self.monitor, max_gap=max_gap)
 
+    def forecast(self, readings: Readings) -> StreamResult:
+        """Its forecaster over one stream's readings from a fresh state, with no detector but
+        the missing-readings rule: the residuals its thresholds are fitted on."""
+        placeholder = MonitorConfig(channels=readings.values.shape[1], detectors=[MissingConfig()])
+        recurrence = Recurrence(self.forecaster, placeholder)
+        state = recurrence.new_state()
+        return recurrence.advance([state], readings, [self.sample_period_s]).stream(0)
+
     def summary(self, channels: list[str]) -> dict[str, Any]:
         """Per channel: the model chosen, its hold-out error beside the naive forecast's, the
         residual scale. What `GET /v1/streams/{id}` shows."""

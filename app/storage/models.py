@@ -38,6 +38,7 @@ NAMING_CONVENTION = {
 
 STREAM_ID_LENGTH = 128
 NAME_LENGTH = 128
+MODEL_NAME_LENGTH = 133  # a trained model's name, or "auto." and a stream's id (a learned one's)
 DETECTOR_LENGTH = 64
 
 AlarmState = Literal["open", "closed"]
@@ -59,7 +60,7 @@ class ModelEntry(Base):
 
     __tablename__ = "models"
 
-    name: Mapped[str] = mapped_column(String(NAME_LENGTH), primary_key=True)
+    name: Mapped[str] = mapped_column(String(MODEL_NAME_LENGTH), primary_key=True)
     version: Mapped[str] = mapped_column(String(64))
     kind: Mapped[str] = mapped_column(String(32))
     manifest_sha256: Mapped[str] = mapped_column(String(64))
@@ -84,7 +85,7 @@ class ModelVersion(Base):
     __tablename__ = "model_versions"
 
     name: Mapped[str] = mapped_column(
-        String(NAME_LENGTH), ForeignKey("models.name", ondelete="CASCADE"), primary_key=True
+        String(MODEL_NAME_LENGTH), ForeignKey("models.name", ondelete="CASCADE"), primary_key=True
     )
     version: Mapped[int] = mapped_column(Integer(), primary_key=True)
     kind: Mapped[str] = mapped_column(String(32))
@@ -115,9 +116,9 @@ class ModelSwitch(Base):
         String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE"), index=True
     )
     at_sample: Mapped[int] = mapped_column(BigInteger())
-    from_model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    from_model: Mapped[str] = mapped_column(String(MODEL_NAME_LENGTH))
     from_version: Mapped[str] = mapped_column(String(64))
-    to_model: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    to_model: Mapped[str] = mapped_column(String(MODEL_NAME_LENGTH))
     to_version: Mapped[int] = mapped_column(Integer())
     switched_at: Mapped[datetime]
 
@@ -131,7 +132,7 @@ class Shadow(Base):
     stream_id: Mapped[str] = mapped_column(
         String(STREAM_ID_LENGTH), ForeignKey("streams.id", ondelete="CASCADE"), primary_key=True
     )
-    model_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    model_name: Mapped[str] = mapped_column(String(MODEL_NAME_LENGTH))
     model_version: Mapped[int] = mapped_column(Integer())
     from_sample: Mapped[int] = mapped_column(BigInteger())
     started_at: Mapped[datetime]
@@ -139,13 +140,17 @@ class Shadow(Base):
 
 JobPhase = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_PHASES = ("queued", "running", "succeeded", "failed", "cancelled")
-JOB_KINDS = ("retrain", "recalibrate")
+JOB_KINDS = ("retrain", "recalibrate", "learn", "revise")
+"""Asked for by a user (each run in a process of its own), and a learning stream's first fit
+and the revisions of its thresholds (run in the service's learner thread, app/streams/learning)."""
+LEARNER_JOBS = ("learn", "revise")
 
 
 class Job(Base):
-    """Work on a stream's stored readings that makes a candidate model version (app/jobs/):
-    asked for by `POST /v1/streams/{id}/jobs`, run in a process of its own. `result` names the
-    version it made; `error` says why it made none."""
+    """Work on a stream's stored readings that makes a model version: asked for by `POST
+    /v1/streams/{id}/jobs` and run in a process of its own (app/jobs/), or a learning stream's
+    fit or revision, which the stream runs once it is made (app/streams/learning.py). `result`
+    names the version it made; `error` says why it made none."""
 
     __tablename__ = "jobs"
 
@@ -252,7 +257,7 @@ class Alarm(Base):
     closed_sample: Mapped[int | None] = mapped_column(BigInteger())
     peak: Mapped[float]
     threshold: Mapped[float]
-    model_name: Mapped[str] = mapped_column(String(NAME_LENGTH))
+    model_name: Mapped[str] = mapped_column(String(MODEL_NAME_LENGTH))
     model_version: Mapped[str] = mapped_column(String(64))
     acknowledged_at: Mapped[datetime | None]
     acknowledged_by: Mapped[str | None] = mapped_column(String(NAME_LENGTH))

@@ -4,9 +4,15 @@ A stream of model "auto" starts learning: its readings are stored and acknowledg
 data-quality detectors watch them (a missing-readings rule; there is no forecast yet). Once it
 has its learning readings (`{"readings": n}`, or `{"duration_s": s}` of them and at least
 `MIN_READINGS`), `Learner` fits its model in a background thread, off every request
-(`app.learning.learn`). Readings that arrive meanwhile are stored as usual; once the model is
-there, `LiveStreams.adopt` runs every stored reading through the learned recurrence, in order:
-the learning readings silently (they are what normal looks like), the later ones raising their
+(`app.learning.learn`): a job of kind `learn`, as each later revision of its thresholds is one
+of kind `revise` (`GET /v1/jobs` lists them beside the jobs users ask for). They run in the
+service's own thread, not in a process as those do: a fit of the linear models costs less than
+starting a process would, and a fleet's streams fit one after another.
+Each makes a version of the stream's learned models, which the stream runs at once.
+
+Readings that arrive during the fit are stored as usual; once the model is there,
+`LiveStreams.adopt` runs every stored reading through the learned recurrence, in order: the
+learning readings silently (they are what normal looks like), the later ones raising their
 alarms. None is lost or skipped, and a restart in the middle simply fits again.
 
 The learning phase keeps its alarms only for readings before the end of the learning period:
@@ -19,9 +25,11 @@ import itertools
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -34,6 +42,7 @@ from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.incidents import alarm_spans
 from app.monitoring.monitor import MissingConfig, MonitorConfig
 from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import jobs as job_repo
 from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
@@ -184,6 +193,60 @@ class Learner:
     def shutdown(self) -> None:
         self._executor.shutdown(wait=True, cancel_futures=True)
 
+    @contextmanager
+    def _job(self, stream_id: str, kind: str, params: dict[str, Any]) -> Iterator[Outcome]:
+        """The job row of a fit or revision: running while the block runs, which makes it
+        succeed with the version it makes (`LiveStreams.adopt` and `adopt_revision`, in the
+        transaction that makes it), or else failed, or cancelled if it was superseded."""
+        now = datetime.now(UTC)
+        with self.streams.database.session() as session:
+            if stream_repo.get(session, stream_id) is None:
+                job_id = None
+            else:
+                job_id = job_repo.create(
+                    session, stream_id=stream_id, kind=kind, params=params, now=now, running=True
+                ).id
+        outcome = Outcome(job_id)
+        try:
+            yield outcome
+        except Exception as exc:
+            outcome.error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            if job_id is not None:
+                self._finish(job_id, outcome)
+
+    def _finish(self, job_id: int, outcome: Outcome) -> None:
+        now = datetime.now(UTC)
+        with self.streams.database.session() as session:
+            if outcome.error is not None:
+                job_repo.move(
+                    session,
+                    job_id,
+                    to="failed",
+                    when="running",
+                    error=outcome.error[:2000],
+                    finished_at=now,
+                )
+            elif outcome.superseded:
+                job_repo.move(
+                    session,
+                    job_id,
+                    to="cancelled",
+                    when="running",
+                    error="superseded: the stream changed meanwhile (a change fits it again)",
+                    finished_at=now,
+                )
+            else:  # (one that made its version succeeded with it: this changes nothing)
+                job_repo.move(
+                    session,
+                    job_id,
+                    to="failed",
+                    when="running",
+                    error="it ended without a version",
+                    finished_at=now,
+                )
+
     def _run(self, stream_id: str) -> None:
         try:
             if not self.fit(stream_id):
@@ -208,7 +271,7 @@ class Learner:
             if stream is None or row is None or row.model is None:
                 return False
             learned = LearnedModel.from_json(row.model)
-            fitted_at, revisions = row.fitted_at, len(row.revisions)
+            fitted_at, revisions, learned_from = row.fitted_at, len(row.revisions), row.learned_from
             since = row.revisions[-1]["from_sample"] if row.revisions else row.learned_from
             if reading_repo.count(session, stream_id=stream_id) < since + revision_interval(
                 learned
@@ -219,6 +282,33 @@ class Learner:
             has_reference = stream.has_reference
         if not batches or batches[-1].stop < since + revision_interval(learned):
             return False
+        with self._job(stream_id, "revise", {"from_sample": since}) as outcome:
+            done = self._revised(
+                stream_id,
+                learned,
+                batches,
+                spans,
+                fitted_at=fitted_at,
+                revisions=revisions,
+                learned_from=learned_from,
+                has_reference=has_reference,
+                outcome=outcome,
+            )
+        return done
+
+    def _revised(
+        self,
+        stream_id: str,
+        learned: LearnedModel,
+        batches: list[reading_repo.StoredBatch],
+        spans: list[tuple[int, int | None]],
+        *,
+        fitted_at: datetime,
+        revisions: int,
+        learned_from: int,
+        has_reference: bool,
+        outcome: Outcome,
+    ) -> bool:
         times = np.concatenate([b.micros for b in batches])
         values = np.concatenate([b.values for b in batches])
         references = (
@@ -230,7 +320,7 @@ class Learner:
         monitor = revised_monitor(
             learned,
             Readings.of_one(times, values, references),
-            learned_from=max(0, row.learned_from - first),
+            learned_from=max(0, learned_from - first),
             covered=[
                 (start - first, None if stop is None else stop - first)
                 for start, stop in spans
@@ -238,10 +328,12 @@ class Learner:
             ],
         )
         adopted = self.streams.adopt_revision(
-            stream_id, monitor, fitted_at=fitted_at, revisions=revisions
+            stream_id, monitor, fitted_at=fitted_at, revisions=revisions, job_id=outcome.job_id
         )
         if adopted:
             log.info("stream %s: thresholds revised on its readings to %d", stream_id, len(times))
+        else:
+            outcome.superseded = True
         return adopted
 
     def fit(self, stream_id: str) -> bool:
@@ -263,6 +355,33 @@ class Learner:
         end = plan.end(times)
         if end is None:
             return False
+        with self._job(stream_id, "learn", {"readings": end}) as outcome:
+            done = self._fitted(
+                stream_id,
+                times,
+                batches,
+                end=end,
+                period=period,
+                budget=budget,
+                has_reference=has_reference,
+                generation=generation,
+                outcome=outcome,
+            )
+        return done
+
+    def _fitted(
+        self,
+        stream_id: str,
+        times: np.ndarray,
+        batches: list[reading_repo.StoredBatch],
+        *,
+        end: int,
+        period: float | None,
+        budget: float,
+        has_reference: bool,
+        generation: datetime,
+        outcome: Outcome,
+    ) -> bool:
         values = np.concatenate([b.values for b in batches])[:end]
         references = None
         if has_reference:
@@ -284,15 +403,23 @@ class Learner:
             error = f"the learning readings could not be fitted: {exc}"
         try:
             applied = self.streams.adopt(
-                stream_id, learned, error=error, end=end, generation=generation
+                stream_id,
+                learned,
+                error=error,
+                end=end,
+                generation=generation,
+                job_id=outcome.job_id,
             )
         except AppError as exc:
             log.warning("stream %s: its learned model was not adopted: %s", stream_id, exc)
+            outcome.error = exc.detail
             return False
         if applied is None:
+            outcome.superseded = True
             return False  # reconfigured meanwhile: the change asked for another fit
         if learned is None:
             log.warning("stream %s could not learn: %s", stream_id, error)
+            outcome.error = error
             return False
         log.info(
             "stream %s learned from %d readings: %s",
@@ -303,6 +430,17 @@ class Learner:
         if self.on_adopted is not None:
             self.on_adopted(stream_id, applied)
         return True
+
+
+@dataclass
+class Outcome:
+    """How a learner's job (`job_id`, if it has a row) ended, when it raised nothing: it made
+    a version (the stream runs it), could not (`error`), or was overtaken by a change to the
+    stream (`superseded`)."""
+
+    job_id: int | None
+    error: str | None = None
+    superseded: bool = False
 
 
 @dataclass
@@ -406,11 +544,7 @@ def revised_monitor(
     one stream's readings from its first: their residuals under the learned model, those from
     `learned_from` on that no alarm (`covered` spans, as the alarm rows hold them) covered."""
     values = readings.values
-    placeholder = MonitorConfig(channels=values.shape[1], detectors=[MissingConfig()])
-    recurrence = Recurrence(learned.forecaster, placeholder)
-    result = recurrence.advance(
-        [recurrence.new_state()], readings, [learned.sample_period_s]
-    ).stream(0)
+    result = learned.forecast(readings)
     normal = result.monitored.copy()
     normal[:learned_from] = False
     for start, stop in covered:  # never evidence of normal

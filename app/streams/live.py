@@ -20,7 +20,7 @@ import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -28,17 +28,20 @@ import numpy as np
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
+from app import catalogue
 from app.errors import ArtifactError, ConflictError, DataError, NotFoundError
 from app.learning.adapt import revision_interval
 from app.learning.learn import LearnedModel
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import MonitorConfig
-from app.registry import AUTO, ModelRegistry, RegisteredModel
+from app.registry import AUTO, ModelRegistry, RegisteredModel, learned_name
+from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
 from app.storage.models import LearnedModel as LearnedModelRow
-from app.storage.models import Stream, StreamCheckpoint
+from app.storage.models import ModelVersion, Stream, StreamCheckpoint
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
+from app.storage.repositories import jobs as job_repo
 from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
@@ -99,8 +102,8 @@ class LiveStream:
     """A stream as it is held between requests."""
 
     stream_id: str
-    model_name: str
-    model_version: str  # what its alarm rows name (a learned model: when it was fitted)
+    model_name: str  # what its alarm rows name (a learned model: `learned_name` of the stream)
+    model_version: str
     channels: list[str]
     has_reference: bool
     sample_period_s: float  # infinite while learning (no gap restarts a model-less stream)
@@ -143,6 +146,7 @@ class LiveStreams:
         max_gap: int = DEFAULT_MAX_GAP,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         retention: timedelta | None = None,
+        store: ArtifactStore | None = None,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError("checkpoint_every must be at least 1")
@@ -153,6 +157,7 @@ class LiveStreams:
         # Readings older than this (by the stream's own clock) are removed at its checkpoints,
         # never one a restart would replay; None keeps them all.
         self.retention = retention
+        self.store = store  # where the versions streams learn keep their artifacts
         self._slots: dict[str, _Slot] = {}
         self._guard = threading.Lock()
         self._recurrences: dict[tuple[str, str, str], Recurrence] = {}
@@ -327,7 +332,7 @@ class LiveStreams:
         recurrence = kind.recurrence
         live = LiveStream(
             stream_id=stream.id,
-            model_name=stream.model_name,
+            model_name=kind.name or stream.model_name,
             model_version=kind.version,
             channels=list(stream.channels),
             has_reference=stream.has_reference,
@@ -365,30 +370,36 @@ class LiveStreams:
             recurrence = learning_recurrence(len(stream.channels))
             return _Kind(recurrence, math.inf, "learning", learning=learning)
         learned = LearnedModel.from_json(row.model)
-        try:
-            monitor = with_overrides(learned.monitor, stream.detector_overrides)
-        except DataError as exc:  # it did not get the detectors its overrides leave on
-            log.warning("stream %s: its overrides are not applied: %s", stream.id, exc.detail)
-            monitor = learned.monitor
-        forecaster = learned.forecaster
-        base = Recurrence(forecaster, monitor, max_gap=self.max_gap)
+        base = self.learned_recurrence(stream, learned)
         revisions = []
         for revision in row.revisions:
             revised = MonitorConfig.model_validate(revision["monitor"])
-            if monitor is not learned.monitor:  # (the overrides apply)
-                revised = with_overrides(revised, stream.detector_overrides)
-            recurrence = Recurrence(forecaster, revised, max_gap=self.max_gap)
+            recurrence = self.learned_recurrence(stream, replace(learned, monitor=revised))
             revisions.append((int(revision["from_sample"]), recurrence))
-        version = f"learned-{row.fitted_at:%Y%m%dT%H%M%SZ}"
+        if stream.model_version is not None:
+            version = str(stream.model_version)
+        else:  # (learned before the catalogue kept learned versions)
+            version = f"learned-{row.fitted_at:%Y%m%dT%H%M%SZ}"
         return _Kind(
             revisions[-1][1] if revisions else base,
             learned.sample_period_s,
             version,
+            name=learned_name(stream.id),
             learned=learned,
             quiet_until=row.learned_from,
             base=base,
             revisions=revisions,
         )
+
+    def learned_recurrence(self, stream: Stream, learned: LearnedModel) -> Recurrence:
+        """The recurrence of a model the stream learned, with the stream's detector overrides
+        (if it did not get the detectors they leave on: without them, and a warning)."""
+        try:
+            monitor = with_overrides(learned.monitor, stream.detector_overrides)
+        except DataError as exc:
+            log.warning("stream %s: its overrides are not applied: %s", stream.id, exc.detail)
+            monitor = learned.monitor
+        return Recurrence(learned.forecaster, monitor, max_gap=self.max_gap)
 
     # -- what changes a stream --
 
@@ -428,13 +439,15 @@ class LiveStreams:
         error: str | None,
         end: int,
         generation: datetime,
+        job_id: int | None = None,
     ) -> alarm_repo.Applied | None:
         """Switch a learning stream to what it learned from its first `end` readings, in one
         transaction: the model is stored, every reading is replayed through it (the learning
         readings silently, the later ones raising their alarms, which are stored), the learning
         phase's open alarms close where learning ended, and a checkpoint is written. With no
         model (`error`), the stream keeps learning and says why. Returns what it did to alarm
-        rows; None if the stream was reconfigured, deleted or has learned meanwhile."""
+        rows; None if the stream was reconfigured, deleted or has learned meanwhile. The job
+        that fitted it (`job_id`, running) succeeds in the same transaction."""
         with self.database.session() as session:
             # The stream's lock first, then its row: ingest holds the lock while its inserts
             # need the row, so the other order could deadlock.
@@ -448,11 +461,12 @@ class LiveStreams:
             existing = learned_repo.get(session, stream_id)
             if existing is not None and existing.model is not None:
                 return None
+            now = datetime.now(UTC)
             learned_repo.save(
                 session,
                 stream_id=stream_id,
                 learned_from=end,
-                fitted_at=datetime.now(UTC),
+                fitted_at=now,
                 model=None if learned is None else learned.to_json(),
                 error=error,
             )
@@ -461,6 +475,8 @@ class LiveStreams:
             pending.held[stream_id].live = None
             if learned is None:
                 return alarm_repo.Applied([], [])  # still learning, with its error, next touch
+            version = catalogue.first_fit(session, self.store, stream, learned, end, now=now)
+            _succeeded(session, job_id, version, now=now)
 
             # The learning phase's open alarms end where learning ended (their incidents too).
             ending = [
@@ -497,10 +513,17 @@ class LiveStreams:
         )
 
     def adopt_revision(
-        self, stream_id: str, monitor: MonitorConfig, *, fitted_at: datetime, revisions: int
+        self,
+        stream_id: str,
+        monitor: MonitorConfig,
+        *,
+        fitted_at: datetime,
+        revisions: int,
+        job_id: int | None = None,
     ) -> bool:
-        """Revised thresholds for a learned stream, from its next reading on. False if it
-        learned again or was revised meanwhile (`fitted_at`, `revisions`: what the revision
+        """Revised thresholds for a learned stream, from its next reading on: the next version
+        of its learned models (the job that revised them, `job_id`, succeeds with it). False if
+        it learned again or was revised meanwhile (`fitted_at`, `revisions`: what the revision
         was computed from)."""
         with self.database.session() as session:
             try:
@@ -510,12 +533,20 @@ class LiveStreams:
             row = learned_repo.get(session, stream_id)
             if row is None or row.fitted_at != fitted_at or len(row.revisions) != revisions:
                 return False
+            assert row.model is not None
             learned_repo.add_revision(
                 session,
                 row,
                 from_sample=live.state.samples,
                 monitor=monitor.model_dump(mode="json"),
             )
+            stream = stream_repo.require(session, stream_id)
+            now = datetime.now(UTC)
+            learned = LearnedModel.from_json(row.model)
+            version = catalogue.revision(
+                session, self.store, stream, learned, monitor, live.state.samples, now=now
+            )
+            _succeeded(session, job_id, version, now=now)
             if live.state.samples:
                 self.checkpoint(session, live, force=False)
             pending = _pending(session)
@@ -529,7 +560,8 @@ class LiveStreams:
         stream cannot run it: one that learns its own, or one of other channels."""
         if stream.model_name == AUTO:
             raise ConflictError(
-                f"stream {stream.id!r} learns its own model: it cannot run a trained one",
+                f"stream {stream.id!r} learns its own model: it runs only the versions of "
+                f"{learned_name(stream.id)!r}, not a trained model",
                 stream=stream.id,
             )
         if model.forecaster.n_channels != len(stream.channels):
@@ -540,18 +572,36 @@ class LiveStreams:
             )
         return self.recurrence_for(model, stream.detector_overrides)
 
-    def switch(self, session: Session, stream_id: str, model: RegisteredModel) -> Switched:
-        """Run the stream on `model` (a version of its model or of another with as many
-        channels) from its next reading on, in `session`'s transaction. The new model is warmed
-        on the last `REWARM_READINGS` stored readings, silently; the old model's open alarms
-        close at the switch; a checkpoint of the new state is written, so a restart continues
-        from it. Holding the stream, no reading is processed twice or skipped meanwhile."""
+    def target_recurrence(self, stream: Stream, target: Target) -> Recurrence:
+        """The recurrence of `target` for the stream, refused (ConflictError, DataError) if the
+        stream cannot run it: a stream of model "auto" runs only what it learned, any other a
+        trained model of as many channels."""
+        if target.learned is None:
+            assert target.model is not None
+            return self.runnable(stream, target.model)
+        if stream.model_name != AUTO or target.name != learned_name(stream.id):
+            raise ConflictError(
+                f"model {target.name!r} is what another stream learned: only that stream runs it",
+                stream=stream.id,
+                model=target.name,
+            )
+        return self.learned_recurrence(stream, target.learned)
+
+    def switch(self, session: Session, stream_id: str, target: Target) -> Switched:
+        """Run the stream on `target` (a version of its model or of another with as many
+        channels; a learned stream: a version of its learned models) from its next reading on,
+        in `session`'s transaction. The new model is warmed on the last `REWARM_READINGS`
+        stored readings, silently; the old model's open alarms close at the switch; a
+        checkpoint of the new state is written, so a restart continues from it. Holding the
+        stream, no reading is processed twice or skipped meanwhile."""
         try:
             live: LiveStream | None = self.hold(session, [stream_id])[0]
         except (ArtifactError, DataError):  # what it runs cannot: it can still be switched off
             live = None  # (held all the same: `hold` took its lock before restoring it)
         stream = stream_repo.require(session, stream_id, for_update=True)
-        recurrence = self.runnable(stream, model)
+        recurrence = self.target_recurrence(stream, target)  # (its configuration, locked)
+        if live is not None and live.learning is not None:
+            raise ConflictError(f"stream {stream_id!r} is still learning", stream=stream_id)
         if live is not None:
             samples, last_time = live.state.samples, live.state.last_time
             previous = (live.model_name, live.model_version)
@@ -559,13 +609,16 @@ class LiveStreams:
             samples = reading_repo.count(session, stream_id=stream_id)
             last = reading_repo.time_of(session, stream_id=stream_id, sample=samples - 1)
             last_time = None if last is None else reading_repo.micro(last)
-            previous = (stream.model_name, self._version_of(session, stream))
-        if previous == (model.name, model.version):
+            previous = (self.name_of(stream), self._version_of(session, stream))
+        if previous == (target.name, target.version):
             raise ConflictError(
-                f"stream {stream_id!r} runs {model.name} version {model.version} already",
+                f"stream {stream_id!r} runs {target.name} version {target.version} already",
                 stream=stream_id,
             )
-        period = stream.sample_period_s if stream.sample_period_s is not None else 0.1
+        if target.learned is not None:
+            period = target.learned.sample_period_s
+        else:
+            period = stream.sample_period_s if stream.sample_period_s is not None else 0.1
         stored = self.stored_range(session, stream, samples, samples, most=0)
         if stored is None:
             state = recurrence.new_state()
@@ -589,20 +642,32 @@ class LiveStreams:
             model_version=previous[1],
             channels=list(stream.channels),
         )
-        stream.model_name = model.name
-        stream.model_version = int(model.version)
+        now = datetime.now(UTC)
+        if target.learned is not None:
+            # Its thresholds are revised from here on, on the readings that follow.
+            learned_repo.save(
+                session,
+                stream_id=stream_id,
+                learned_from=samples,
+                fitted_at=now,
+                model=target.learned.to_json(),
+            )
+            catalogue.activate(session, version_repo.require(session, *target.key))
+        else:
+            stream.model_name = target.name
+        stream.model_version = int(target.version)
         version_repo.record_switch(
             session,
             stream_id=stream_id,
             at_sample=samples,
             previous=previous,
-            model=(model.name, int(model.version)),
-            now=datetime.now(UTC),
+            model=target.key,
+            now=now,
         )
         switched = LiveStream(
             stream_id=stream_id,
-            model_name=model.name,
-            model_version=model.version,
+            model_name=target.name,
+            model_version=target.version,
             channels=list(stream.channels),
             has_reference=stream.has_reference,
             sample_period_s=period,
@@ -616,9 +681,12 @@ class LiveStreams:
         pending.restored[stream_id] = self._restore(session, [stream_id])[stream_id][0]
         return Switched(previous, applied)
 
+    def name_of(self, stream: Stream) -> str:
+        """The name a stream's alarms give its model."""
+        return learned_name(stream.id) if stream.model_name == AUTO else stream.model_name
+
     def _version_of(self, session: Session, stream: Stream) -> str:
-        """The version a stream of a trained model runs: the one it names, else its model's
-        active one."""
+        """The version a stream runs: the one it names, else its model's active one."""
         version = version_repo.run_by(session, stream)
         return "unknown" if version is None else str(version)
 
@@ -888,6 +956,40 @@ def _times_of(session: Session, stream_id: str) -> Callable[[int], datetime]:
     return time_of
 
 
+def _succeeded(
+    session: Session, job_id: int | None, version: ModelVersion, *, now: datetime
+) -> None:
+    """A learner's job made `version` (in the transaction that made it)."""
+    if job_id is not None:
+        job_repo.move(
+            session,
+            job_id,
+            to="succeeded",
+            when="running",
+            result={"name": version.name, "version": version.version},
+            finished_at=now,
+        )
+
+
+@dataclass(frozen=True)
+class Target:
+    """A version a stream may run or be shadowed by: a trained model's (`model`), or one of
+    the models a stream learned (`learned`)."""
+
+    name: str
+    version: str
+    model: RegisteredModel | None = None
+    learned: LearnedModel | None = None
+
+    @classmethod
+    def trained(cls, model: RegisteredModel) -> Target:
+        return cls(model.name, model.version, model=model)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.name, int(self.version)
+
+
 @dataclass
 class _Kind:
     """What processes a stream (see `LiveStreams._kind`)."""
@@ -895,6 +997,7 @@ class _Kind:
     recurrence: Recurrence  # the one its next readings go through
     sample_period_s: float
     version: str
+    name: str | None = None  # what its alarms name the model (by default the stream's model)
     learning: Learning | None = None
     learned: LearnedModel | None = None
     quiet_until: int | None = None  # a learned stream's learning readings: no alarm before

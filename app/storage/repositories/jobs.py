@@ -15,15 +15,23 @@ INTERRUPTED = "the service stopped while the job ran"
 
 
 def create(
-    session: Session, *, stream_id: str, kind: str, params: dict[str, Any], now: datetime
+    session: Session,
+    *,
+    stream_id: str,
+    kind: str,
+    params: dict[str, Any],
+    now: datetime,
+    running: bool = False,
 ) -> Job:
+    """A job, queued (or `running` already: one the service runs at once, a learner's)."""
     job = Job(
         stream_id=stream_id,
         kind=kind,
         params=params,
-        phase="queued",
+        phase="running" if running else "queued",
         progress={},
         created_at=now,
+        started_at=now if running else None,
     )
     session.add(job)
     session.flush()

@@ -10,7 +10,8 @@ from sqlalchemy import delete as sql_delete
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from app.storage.models import LearnedModel
+from app.registry import AUTO
+from app.storage.models import LearnedModel, Stream
 
 
 def get(session: Session, stream_id: str) -> LearnedModel | None:
@@ -52,6 +53,21 @@ def delete(session: Session, stream_id: str) -> None:
         sql_delete(LearnedModel).where(LearnedModel.stream_id == stream_id),
         execution_options={"synchronize_session": "fetch"},
     )
+
+
+def unversioned(session: Session) -> list[tuple[Stream, LearnedModel]]:
+    """The streams that learned a model before the catalogue kept learned versions (they name
+    no version), with what they learned."""
+    statement = (
+        select(Stream, LearnedModel)
+        .join(LearnedModel, LearnedModel.stream_id == Stream.id)
+        .where(
+            Stream.model_name == AUTO,
+            Stream.model_version.is_(None),
+            LearnedModel.model.is_not(None),
+        )
+    )
+    return [(stream, row) for stream, row in session.execute(statement).tuples()]
 
 
 def get_many(session: Session, stream_ids: Sequence[str]) -> dict[str, LearnedModel]:

@@ -10,6 +10,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.errors import NotFoundError
+from app.registry import AUTO
 from app.storage.models import ModelEntry, ModelSwitch, ModelVersion, Shadow, Stream
 
 
@@ -115,10 +116,11 @@ def refresh_statuses(session: Session, name: str) -> None:
 
 
 def pinned(session: Session) -> set[tuple[str, int]]:
-    """The (model, version) pairs streams name explicitly."""
+    """The (trained model, version) pairs streams name explicitly (a stream of model "auto"
+    names its learned version)."""
     statement = (
         select(Stream.model_name, Stream.model_version)
-        .where(Stream.model_version.is_not(None))
+        .where(Stream.model_version.is_not(None), Stream.model_name != AUTO)
         .distinct()
     )
     return {(name, version) for name, version in session.execute(statement) if version is not None}

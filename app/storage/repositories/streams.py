@@ -17,7 +17,8 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
 from app.errors import ConflictError, DataError, NotFoundError
-from app.storage.models import Stream
+from app.registry import learned_name
+from app.storage.models import ModelEntry, Stream
 
 
 def get(session: Session, stream_id: str, *, for_update: bool = False) -> Stream | None:
@@ -193,10 +194,15 @@ def advance(
 
 
 def delete(session: Session, stream_id: str) -> None:
-    """Delete the stream with its alarms, checkpoint and readings (foreign-key cascade)."""
+    """Delete the stream with its alarms, checkpoint, readings and jobs (foreign-key cascade),
+    and the models it learned (a stream made again under its id learns afresh)."""
     require(session, stream_id, for_update=True)
     session.execute(
         sql_delete(Stream).where(Stream.id == stream_id),
+        execution_options={"synchronize_session": False},
+    )
+    session.execute(
+        sql_delete(ModelEntry).where(ModelEntry.name == learned_name(stream_id)),
         execution_options={"synchronize_session": False},
     )
     # Objects of the deleted rows may still sit in the identity map: make them reload (and fail).

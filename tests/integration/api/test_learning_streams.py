@@ -38,6 +38,12 @@ def normal(count: int, seed: int = 0) -> np.ndarray:
     return np.column_stack([flow, temperature])
 
 
+def jobs(client: TestClient, stream: str) -> list[dict[str, Any]]:
+    """The stream's jobs, oldest first."""
+    items = client.get("/v1/jobs", params={"stream": stream}).json()["items"]
+    return list(reversed(items))
+
+
 def wait_for(condition: Callable[[], bool], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -124,7 +130,14 @@ def test_a_stream_learns_while_readings_keep_coming_and_monitors_each_of_them(
     alarms = client.get("/v1/alarms", params={"stream": "pump"}).json()["items"]
     assert alarms, "the flow drop raised no alarm"
     assert min(a["opened_sample"] for a in alarms) >= 420
-    assert all(a["model"] == "auto" and a["model_version"].startswith("learned-") for a in alarms)
+    # They name what the stream learned: version 1 of its learned models.
+    assert all(a["model"] == "auto.pump" and a["model_version"] == "1" for a in alarms)
+    assert stream["model"] == "auto" and stream["model_version"] == 1
+    catalogued = client.get("/v1/models/auto.pump").json()
+    assert catalogued["kind"] == "learned" and catalogued["active_version"] == 1
+    (version,) = catalogued["versions"]
+    assert version["status"] == "active" and version["created_by"] == "learning"
+    assert version["source"] == {"stream": "pump", "first_sample": 0, "readings": 300}
 
     # And monitoring goes on with the next readings.
     answer = client.post(
@@ -160,6 +173,9 @@ def test_a_stream_that_cannot_learn_says_why_and_a_put_tries_again(
     stream = client.get("/v1/streams/s").json()
     assert stream["phase"] == "learning"
     assert "channel 1 has no number" in stream["learning"]["error"]
+    (job,) = jobs(client, "s")
+    assert (job["kind"], job["phase"], job["params"]) == ("learn", "failed", {"readings": 100})
+    assert "channel 1 has no number" in job["error"]
     # Reconfigured (one channel would not pass: the channels of a stream with readings are
     # fixed), the stream tries again, and fails the same way: it still says why.
     again = client.put(
@@ -240,6 +256,11 @@ def test_a_reconfiguration_during_the_fit_fits_again(
     release.set()
     wait_for(lambda: client.get("/v1/streams/r").json()["phase"] == "monitoring")
     assert client.get("/v1/streams/r").json()["learned_model"]["learned_from"] == 250
+    # The fit the change overtook says so; the one after it made version 1.
+    superseded, done = jobs(client, "r")
+    assert superseded["phase"] == "cancelled" and superseded["error"].startswith("superseded")
+    assert done["phase"] == "succeeded" and done["params"] == {"readings": 250}
+    assert done["result"] == {"name": "auto.r", "version": 1}
 
 
 def test_a_learning_streams_overrides_name_detectors_it_may_get(auto_client: TestClient) -> None:
@@ -267,6 +288,15 @@ def test_thresholds_are_revised_on_normal_readings_and_survive_a_restart(
         client.post("/v1/streams/v/readings", json={"readings": rows[100:1200]}).status_code == 200
     )
     wait_for(lambda: client.get("/v1/streams/v").json()["learned_model"]["revisions"] == 1)
+    learn, revise = jobs(client, "v")
+    assert (learn["kind"], learn["result"]) == ("learn", {"name": "auto.v", "version": 1})
+    assert (revise["kind"], revise["result"]) == ("revise", {"name": "auto.v", "version": 2})
+    assert revise["params"] == {"from_sample": 100} and revise["phase"] == "succeeded"
+    cancel = client.delete(f"/v1/jobs/{revise['id']}")
+    assert cancel.status_code == 409
+    assert cancel.json()["detail"] == (
+        f"job {revise['id']} is a learning stream's revise: the service runs it to its end"
+    )
     learned = client.get("/v1/streams/v").json()["learned_model"]
     assert learned["thresholds_from"] == 1200  # from the next reading on
     after = client.get("/v1/streams/v").json()["live"]["detectors"]
@@ -276,3 +306,11 @@ def test_thresholds_are_revised_on_normal_readings_and_survive_a_restart(
     assert again.post("/v1/streams/v/readings", json={"readings": rows[1200:]}).status_code == 200
     stream = again.get("/v1/streams/v").json()
     assert stream["samples_seen"] == 1400 and stream["learned_model"]["revisions"] == 1
+    # The revision is version 2 of the stream's learned models, and runs; version 1 retired.
+    assert stream["model_version"] == 2
+    versions = again.get("/v1/models/auto.v").json()["versions"]
+    assert [(v["version"], v["status"], v["created_by"]) for v in versions] == [
+        (1, "retired", "learning"),
+        (2, "active", "revision"),
+    ]
+    assert versions[1]["source"] == {"stream": "v", "from_sample": 1200}

@@ -166,7 +166,8 @@ def test_a_switch_that_cannot_be_made_says_why(make_client: AppFactory) -> None:
     )
     assert switch("learner", {"name": "lstm-seed0", "version": 1}) == (
         409,
-        "stream 'learner' learns its own model: it cannot run a trained one",
+        "stream 'learner' learns its own model: it runs only the versions of 'auto.learner', "
+        "not a trained model",
     )
     assert switch("pump-1", {"name": "lstm-seed0", "version": "1"})[0] == 422  # strict
     assert switch("pump-1", {"name": "lstm-seed0", "version": 1, "extra": 1})[0] == 422
