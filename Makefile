@@ -1,6 +1,7 @@
 # The two commands of the README: `make demo` (the service with the built-in twin, on SQLite)
 # and `make test` (the test suite). Each creates its virtual environment on first use: the demo
-# runs the plain package, as a user installs it (no torch); the tests need the train extra too.
+# runs the plain package, as a user installs it (no torch), with its figures' extra (plots); the
+# tests need the train extra too.
 PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
@@ -17,13 +18,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# torch first and exactly: the CPU build; a range could pull gigabytes of CUDA.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[train,dev]"
+	$(BIN)/pip install --quiet -e ".[train,plots,dev]"
 	touch $(STAMP)
 
 $(DEMO_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(DEMO_VENV)
 	$(DEMO_VENV)/bin/pip install --quiet --upgrade pip
-	$(DEMO_VENV)/bin/pip install --quiet .
+	$(DEMO_VENV)/bin/pip install --quiet ".[plots]"
 	touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)

@@ -20,6 +20,7 @@ import numpy as np
 from app.benchmark.datasets import LabelledFile, learning_rows
 from app.benchmark.runner import FileRun, run_in_process, run_over_http
 from app.benchmark.scoring import FileScore, score_file, summary
+from app.figures import require_matplotlib
 from app.twin.client import ServiceClient
 
 
@@ -66,6 +67,7 @@ def benchmark(
         scores.append(score)
         per_file.append(_file_report(labelled, rows, run, score))
         if plots is not None:
+            require_matplotlib()
             from app.benchmark.plots import plot_file  # matplotlib, on demand
 
             plot_file(labelled, rows, run, plots / f"{labelled.name.replace('/', '_')}.png")

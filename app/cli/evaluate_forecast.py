@@ -21,6 +21,7 @@ from rich.progress import (
 )
 
 from app.errors import DataError
+from app.figures import require_matplotlib
 from app.forecasting.stateful_lstm import STATEFUL_TRAINING
 from app.forecasting.training import TrainingConfig
 from app.forecasting.walkforward import (
@@ -177,6 +178,7 @@ def evaluate_forecast_command(
     std against the LSTM on each window's changes (the first fails once the level leaves the
     training range), and recursive against direct forecasts up to --horizon samples ahead.
     """
+    require_matplotlib()
     from app.forecasting import report  # matplotlib: not at CLI start-up
 
     started = time.perf_counter()

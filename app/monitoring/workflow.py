@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from app.errors import DataError
+from app.figures import require_matplotlib
 from app.forecasting.artifacts import LoadedModel, load_model, update_manifest
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.calibration import (
@@ -30,7 +31,6 @@ from app.monitoring.evaluation import (
     stream_record,
 )
 from app.monitoring.monitor import MonitorConfig, PointConfig
-from app.monitoring.plots import plot_record
 from app.series import VALUE_COLUMN, Series, read_csv
 from app.simulation.faults import Fault, load_schedule
 
@@ -241,6 +241,9 @@ def evaluate(
         "stream_seconds": forecast_seconds,
     }
     if plots is not None:
+        require_matplotlib()
+        from app.monitoring.plots import plot_record  # matplotlib, on demand
+
         path = plot_record(record, config, faults, plots / "monitor.png", start=plot_from)
         report["plots"] = [str(path)]
     if normal_days is not None and seed is not None:

@@ -30,6 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from app.errors import AppError
+from app.figures import require_matplotlib
 from app.logs import configure_logging
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.evaluation import DETECTION_MARGIN, RECOVERY, MonitoredRecord
@@ -452,6 +453,7 @@ def run_demo(
             f"{len(wrong)}",
             highlight=False,
         )
+        require_matplotlib()
         from app.monitoring.plots import plot_record  # matplotlib, for this figure only
 
         figure = plot_record(

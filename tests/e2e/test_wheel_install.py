@@ -115,6 +115,19 @@ def test_the_environment_has_no_torch(venv: Path) -> None:
     assert result.returncode != 0 and "No module named 'torch'" in result.stderr
 
 
+def test_the_service_needs_no_matplotlib(venv: Path) -> None:
+    """Figures are the `plots` extra's: the plain install serves (above) without it, and a
+    figure asked for says how to get it."""
+    result = run(venv / "bin" / "python", "-c", "import matplotlib")
+    assert result.returncode != 0 and "No module named 'matplotlib'" in result.stderr
+    asked = run(
+        venv / "bin" / "python",
+        "-c",
+        "from app.figures import require_matplotlib; require_matplotlib()",
+    )
+    assert "pip install 'twinwatch[plots]'" in asked.stderr
+
+
 def test_the_lab_record_raises_the_readmes_alarms(server: tuple[str, int]) -> None:
     base, _ = server
     series: Series = read_csv(LAB_CSV)
