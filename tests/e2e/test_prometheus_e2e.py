@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -32,21 +31,28 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from sqlalchemy import create_engine, text
 
-from app.monitoring.evaluation import DETECTION_MARGIN
-from app.simulation.faults import LAB_FAULTS, Fault
+from app.simulation.faults import LAB_FAULTS
 from tests.integration.conftest import fresh_schema, postgres_url
+from tests.support.prometheus import (
+    SCRAPE_S,
+    alarm_rows_by_fault,
+    alerts_by_fault,
+    compressed_config,
+    ingest_clock,
+    raw_samples,
+    rising_edges,
+    scale_duration,
+    scale_expr,
+    window,
+)
 
 REPO = Path(__file__).resolve().parents[2]
-DEPLOY = REPO / "deploy" / "prometheus"
 
-TIME_SCALE = 30  # production 15 s scrapes -> 0.5 s here
 SPEED = 2.0  # 20 readings per second
 START, STOP = 6850, 8000  # warm-up, then the four faults and their recovery: 57.5 s
 STREAM = "e2e-pump"
-SCRAPE_S = 15 / TIME_SCALE
 STARTUP_LIMIT_S = 90.0
 TWIN_LIMIT_S = (STOP - START) / (10 * SPEED) + 90
 
@@ -63,26 +69,6 @@ pytestmark = [
 ]
 
 
-# --- time compression of the project's configuration --------------------------------------------
-
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_DURATION = re.compile(r"^(?:\d+(?:ms|[smhdw]))+$")
-
-
-def scale_duration(duration: str) -> str:
-    """'1m' -> '2000ms' at TIME_SCALE 30."""
-    if not _DURATION.match(duration):
-        raise ValueError(f"not a Prometheus duration: {duration!r}")
-    total = sum(int(n) * _UNITS_MS[unit] for n, unit in re.findall(r"(\d+)(ms|[smhdw])", duration))
-    return f"{max(1, round(total / TIME_SCALE))}ms"
-
-
-def scale_expr(expr: str) -> str:
-    """Range selectors and offsets."""
-    expr = re.sub(r"\[([0-9a-z]+)\]", lambda m: f"[{scale_duration(m.group(1))}]", expr)
-    return re.sub(r"offset ([0-9a-z]+)", lambda m: f"offset {scale_duration(m.group(1))}", expr)
-
-
 def test_scaling_keeps_every_duration_in_proportion() -> None:
     assert scale_duration("15s") == "500ms"
     assert scale_duration("1m") == "2000ms"
@@ -91,30 +77,6 @@ def test_scaling_keeps_every_duration_in_proportion() -> None:
     assert scale_expr("increase(x[1m]) > 0 and max_over_time(y[1h]) > 0") == (
         "increase(x[2000ms]) > 0 and max_over_time(y[120000ms]) > 0"
     )
-
-
-def compressed_config(directory: Path, app_port: int) -> Path:
-    """prometheus.yml and alerts.yml of deploy/, pointed at `app_port`, time compressed."""
-    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
-    scrape = scale_duration(config["global"]["scrape_interval"])
-    config["global"] = {
-        "scrape_interval": scrape,
-        "scrape_timeout": scrape,
-        "evaluation_interval": scale_duration(config["global"]["evaluation_interval"]),
-    }
-    (job,) = config["scrape_configs"]
-    job["static_configs"] = [{"targets": [f"127.0.0.1:{app_port}"]}]
-    rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
-    for group in rules["groups"]:
-        for rule in group["rules"]:
-            rule["expr"] = scale_expr(rule["expr"])
-            if "for" in rule:
-                rule["for"] = scale_duration(rule["for"])
-    for name in config["rule_files"]:
-        (directory / name).write_text(yaml.safe_dump(rules, sort_keys=False))
-    path = directory / "prometheus.yml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 # --- processes ----------------------------------------------------------------------------------
@@ -222,7 +184,7 @@ def deployment(
             server, server_log = processes.start("serve", *twinwatch("serve"))
             app = f"http://127.0.0.1:{app_port}"
             wait_until(f"{app}/readyz", server, server_log)
-            config = compressed_config(directory, app_port)
+            config = compressed_config(directory, f"127.0.0.1:{app_port}")
             prometheus, prometheus_log = processes.start(
                 "prometheus",
                 "prometheus",
@@ -276,44 +238,6 @@ def lab_run(deployment: Deployment) -> str:
 # --- evidence -------------------------------------------------------------------------------
 
 
-def raw_samples(deployment: Deployment, selector: str) -> list[dict[str, Any]]:
-    """Every stored sample of the series `selector` (a range query over the whole run)."""
-    return deployment.query(f"{selector}[15m]")
-
-
-def ingest_clock(deployment: Deployment) -> list[tuple[float, float]]:
-    """(scrape time, readings accepted so far) of the twin's stream."""
-    (series,) = raw_samples(deployment, f'twinwatch_readings_total{{stream="{STREAM}"}}')
-    return [(float(t), float(v)) for t, v in series["values"]]
-
-
-def ingested_at(clock: list[tuple[float, float]], sample: int) -> float:
-    """The first scrape at which `sample`'s reading had been accepted."""
-    needed = sample - START + 1
-    return next(t for t, count in clock if count >= needed)
-
-
-def rising_edges(series: dict[str, Any], gap_s: float) -> list[float]:
-    """Times at which a 0/1 series (or a series that exists only while true) became 1."""
-    edges = []
-    previous_t, previous_v = None, 0.0
-    for t_raw, v_raw in series["values"]:
-        t, v = float(t_raw), float(v_raw)
-        lost = previous_t is not None and t - previous_t > gap_s
-        if v == 1 and (previous_v != 1 or previous_t is None or lost):
-            edges.append(t)
-        previous_t, previous_v = t, v
-    return edges
-
-
-def window(clock: list[tuple[float, float]], fault: Fault) -> tuple[float, float]:
-    """Wall-clock span in which alarms of `fault` start: from the scrape that first saw the
-    fault's first reading to the scrape that saw the last sample that may still raise one,
-    plus one scrape and one rule evaluation of slack."""
-    last = min(fault.end + DETECTION_MARGIN - 1, STOP - 1)
-    return ingested_at(clock, fault.start), ingested_at(clock, last) + 2 * SCRAPE_S
-
-
 def test_the_twin_sent_the_whole_lab_scenario(lab_run: str) -> None:
     last = lab_run.strip().splitlines()[-1]
     assert last.startswith(f"done: sent {STOP - START} readings"), last
@@ -332,23 +256,18 @@ def test_every_lab_fault_has_an_alarm_row_in_postgresql(
             ).all()
     finally:
         engine.dispose()
-    for fault in LAB_FAULTS:
-        caught = {
-            detector
-            for detector, opened in rows
-            if fault.start <= START + opened < fault.end + DETECTION_MARGIN
-        }
-        assert caught, f"no alarm row for the {fault.type.value} fault at {fault.start}"
+    for fault, caught in alarm_rows_by_fault(rows, LAB_FAULTS, start=START).items():
+        assert caught, f"no alarm row for the {fault} fault"
 
 
 def test_every_lab_fault_shows_in_the_scraped_alarm_metric(
     deployment: Deployment, lab_run: str
 ) -> None:
-    clock = ingest_clock(deployment)
+    clock = ingest_clock(deployment.query, STREAM)
     assert clock[-1][1] == STOP - START
-    series = raw_samples(deployment, f'twinwatch_alarm_active{{stream="{STREAM}"}}')
+    series = raw_samples(deployment.query, f'twinwatch_alarm_active{{stream="{STREAM}"}}')
     for fault in LAB_FAULTS:
-        lo, hi = window(clock, fault)
+        lo, hi = window(clock, fault, start=START, stop=STOP)
         seen = {
             s["metric"]["detector"]
             for s in series
@@ -366,25 +285,15 @@ def test_every_lab_fault_shows_in_the_scraped_alarm_metric(
 
 
 def test_every_lab_fault_fired_an_alert(deployment: Deployment, lab_run: str) -> None:
-    clock = ingest_clock(deployment)
-    alerts = raw_samples(
-        deployment,
-        f'ALERTS{{alertname=~"TwinwatchAlarm(Active|Raised)",alertstate="firing",'
-        f'stream="{STREAM}"}}',
-    )
-    assert alerts, "no alarm alert ever fired"
-    for fault in LAB_FAULTS:
-        lo, hi = window(clock, fault)
-        fired = {
-            (a["metric"]["alertname"], a["metric"]["detector"])
-            for a in alerts
-            for edge in rising_edges(a, gap_s=3 * SCRAPE_S)
-            if lo <= edge <= hi
-        }
-        assert fired, f"no alert fired for the {fault.type.value} fault at {fault.start}"
-        assert any(name == "TwinwatchAlarmRaised" for name, _ in fired), fault.type.value
-    labels = alerts[0]["metric"]
-    assert labels["stream"] == STREAM and labels["severity"] == "warning"
+    fired = alerts_by_fault(deployment.query, STREAM, LAB_FAULTS, start=START, stop=STOP)
+    for fault, alerts in fired.items():
+        assert alerts, f"no alert fired for the {fault} fault"
+        assert any(name == "TwinwatchAlarmRaised" for name, _ in alerts), fault
+    (labels,) = {
+        (a["metric"]["stream"], a["metric"]["severity"])
+        for a in deployment.query(f'ALERTS{{stream="{STREAM}"}}[15m]')
+    }
+    assert labels == (STREAM, "warning")
 
 
 def test_the_dashboard_queries_return_data(deployment: Deployment, lab_run: str) -> None:
