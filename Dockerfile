@@ -3,7 +3,8 @@
 # ONNX graphs) into a venv; the runtime stage copies the venv, nothing else (no source tree, no
 # compilers, no pip cache). The migrations and the shipped models are inside the package.
 
-ARG PYTHON_IMAGE=python:3.11-slim
+# Debian 12 (bookworm), as the base CI makes (deploy/container-check.sh) and measures.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \

@@ -10,7 +10,12 @@ from app.errors import AppError
 INSTALL = "pip install 'twinwatch[plots]'"
 
 
+def have_matplotlib() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
 def require_matplotlib() -> None:
-    """A clear error where a figure is asked for and matplotlib is not installed."""
-    if importlib.util.find_spec("matplotlib") is None:
+    """A clear error where a figure is asked for and matplotlib is not installed: call it
+    before the work the figure shows, not after."""
+    if not have_matplotlib():
         raise AppError(f"figures need matplotlib, which is not installed: {INSTALL}")

@@ -28,19 +28,45 @@ PYTHON=${PYTHON:-.venv/bin/python}
 CACHE=${TWINWATCH_CI_CACHE:-/var/cache/twinwatch-ci}
 IMAGE=localhost/twinwatch:latest
 MAX_MB=350
+STACK=twinwatch-stack-check  # the compose project of tests/containers/
 WORK=$(mktemp -d /var/tmp/twinwatch-containers.XXXXXX)
 CONTAINER="" VOLUME=""
 
 step() { printf '\n== %s (at %d s)\n' "$*" $(( $(date +%s) - started )); }
 fail() { echo "container check FAILED: $*" >&2; exit 1; }
 
+# The engine's configuration for this run only, before anything can run podman: its own image
+# store and network definitions in $WORK (no system file is read or changed). runc and
+# cgroupfs: crun refuses these machines' mixed cgroup setup, and there is no systemd. Root here
+# cannot raise limits beyond these.
+cat > "$WORK/containers.conf" <<EOF
+[containers]
+default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
+[network]
+network_config_dir = "$WORK/networks"
+[engine]
+runtime = "runc"
+cgroup_manager = "cgroupfs"
+events_logger = "file"
+EOF
+cat > "$WORK/storage.conf" <<EOF
+[storage]
+driver = "overlay"
+graphroot = "$WORK/storage"
+runroot = "$WORK/run"
+EOF
+mkdir -p "$WORK/networks"
+export CONTAINERS_CONF=$WORK/containers.conf CONTAINERS_STORAGE_CONF=$WORK/storage.conf
+
 cleanup() {
   set +e
-  [ -n "$CONTAINER" ] && podman rm --force --time 5 "$CONTAINER" >/dev/null 2>&1
-  [ -n "$VOLUME" ] && podman volume rm --force "$VOLUME" >/dev/null 2>&1
-  # Everything in this store is this run's: its containers, then its images, then the store.
-  podman rm --all --force >/dev/null 2>&1
-  podman rmi --all --force >/dev/null 2>&1
+  if command -v podman >/dev/null; then
+    # Everything in this store is this run's: its containers, volumes, network, images.
+    podman rm --all --force --time 5 >/dev/null 2>&1
+    podman volume prune --force >/dev/null 2>&1
+    podman network rm --force "${STACK}_default" >/dev/null 2>&1
+    podman rmi --all --force >/dev/null 2>&1
+  fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
@@ -60,32 +86,23 @@ if [ "${#missing[@]}" -gt 0 ]; then
 fi
 podman --version
 
-# runc and cgroupfs: crun refuses these machines' mixed cgroup setup, and there is no systemd.
-# Root here cannot raise limits beyond these.
-cat > "$WORK/containers.conf" <<'EOF'
-[containers]
-default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
-[engine]
-runtime = "runc"
-cgroup_manager = "cgroupfs"
-events_logger = "file"
-EOF
-cat > "$WORK/storage.conf" <<EOF
-[storage]
-driver = "overlay"
-graphroot = "$WORK/storage"
-runroot = "$WORK/run"
-EOF
-export CONTAINERS_CONF=$WORK/containers.conf CONTAINERS_STORAGE_CONF=$WORK/storage.conf
-
 step "the base images (debootstrap, Debian 12 with Python 3.11)"
-base=$CACHE/debian-bookworm-python3.11.tar
+debian_mirror() {  # the one apt uses (deb822 or one-line sources), else Debian's own
+  local found=${DEBIAN_MIRROR:-}
+  if [ -z "$found" ] && [ -r /etc/apt/sources.list.d/debian.sources ]; then
+    found=$(sed -n 's/^URIs: *\([^ ]*debian\)$/\1/p;T;q' /etc/apt/sources.list.d/debian.sources)
+  fi
+  if [ -z "$found" ] && [ -r /etc/apt/sources.list ]; then
+    found=$(sed -n 's/^deb \(http[^ ]*debian\) bookworm .*/\1/p;T;q' /etc/apt/sources.list)
+  fi
+  echo "${found:-http://deb.debian.org/debian}"
+}
+# Made again each week, so the base has the week's security updates.
+base=$CACHE/debian-bookworm-python3.11-$(date +%G-w%V).tar
 if [ -s "$base" ]; then
   podman load --quiet --input "$base"
 else
-  mirror=${DEBIAN_MIRROR:-$(sed -n 's/^URIs: *\([^ ]*debian\)$/\1/p' \
-    /etc/apt/sources.list.d/debian.sources 2>/dev/null | head -n1)}
-  mirror=${mirror:-http://deb.debian.org/debian}
+  mirror=$(debian_mirror)
   debootstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
     bookworm "$WORK/rootfs" "$mirror" >"$WORK/debootstrap.log" 2>&1 \
     || { tail -n 20 "$WORK/debootstrap.log"; fail "debootstrap failed"; }
@@ -99,11 +116,12 @@ else
   tar -C "$WORK/rootfs" -c . | podman import --quiet - localhost/debian-bookworm-python3.11 >/dev/null
   rm -rf "$WORK/rootfs"
   mkdir -p "$CACHE"
+  rm -f "$CACHE"/debian-bookworm-python3.11-*.tar
   podman save --quiet --output "$base.partial" localhost/debian-bookworm-python3.11 \
     && mv "$base.partial" "$base"
 fi
 # The names the Dockerfiles' FROM lines use, so they stay the files users build elsewhere.
-podman tag localhost/debian-bookworm-python3.11 docker.io/library/python:3.11-slim
+podman tag localhost/debian-bookworm-python3.11 docker.io/library/python:3.11-slim-bookworm
 podman tag localhost/debian-bookworm-python3.11 docker.io/library/debian:bookworm-slim
 
 step "the image, from the Dockerfile"
@@ -126,13 +144,13 @@ step "the image, run: health, readiness, a stream, readings, metrics"
 port=$("$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 url=http://127.0.0.1:$port
 VOLUME=twinwatch-check-$$
-podman volume create "$VOLUME" >/dev/null
+podman volume create "$VOLUME" >/dev/null || fail "podman volume create"
 # (no health-check timer: podman runs them with systemd, absent here; `healthcheck run` below)
 CONTAINER=$(podman run --detach --health-interval disable --volume "$VOLUME:/var/lib/twinwatch" \
-  --publish "127.0.0.1:$port:8000" "$IMAGE")
+  --publish "127.0.0.1:$port:8000" "$IMAGE") || fail "the container did not start"
 wait_ready() {
   for _ in $(seq 180); do
-    curl -sf "$url/readyz" >/dev/null && return 0
+    curl -sf --max-time 2 "$url/readyz" >/dev/null && return 0
     sleep 0.5
   done
   podman logs --tail 30 "$CONTAINER"
@@ -152,23 +170,25 @@ field() { "$PYTHON" -c "import json, sys; print(json.load(sys.stdin)$1)"; }
 curl -sf -X PUT "$url/v1/streams/pump-1" -H 'Content-Type: application/json' \
   -d '{"model": "lstm-stateful-day-seed3"}' >/dev/null || fail "PUT /v1/streams/pump-1"
 accepted=$(readings 0 1500 | curl -sf -X POST "$url/v1/streams/pump-1/readings?results=false" \
-  -H 'Content-Type: application/json' --data-binary @- | field '["accepted"]')
+  -H 'Content-Type: application/json' --data-binary @- | field '["accepted"]') \
+  || fail "POST /v1/streams/pump-1/readings"
 [ "$accepted" = 1500 ] || fail "POST readings: $accepted accepted of 1500"
-curl -sf "$url/metrics" | grep -q '^twinwatch_readings_accepted_total 1500' \
+metrics=$(curl -sf --max-time 10 "$url/metrics") || fail "GET /metrics"
+grep -q '^twinwatch_readings_accepted_total 1500' <<<"$metrics" \
   || fail "/metrics does not count the 1,500 readings"
 echo "healthy, non-root, 1500 readings accepted and counted"
 
 step "SIGTERM: a clean stop within 10 s, a checkpoint, and the stream continues after a restart"
 stop_started=$(date +%s%N)
-podman stop --time 10 "$CONTAINER" >/dev/null
+podman stop --time 10 "$CONTAINER" >/dev/null || fail "podman stop"
 stop_ms=$(( ($(date +%s%N) - stop_started) / 1000000 ))
-code=$(podman inspect --format '{{.State.ExitCode}}' "$CONTAINER")
+code=$(podman inspect --format '{{.State.ExitCode}}' "$CONTAINER") || fail "podman inspect"
 echo "stopped in $stop_ms ms, exit code $code"
 if [ "$code" != 0 ] || [ "$stop_ms" -ge 10000 ]; then
   fail "no clean stop on SIGTERM within 10 s"
 fi
-podman logs "$CONTAINER" 2>&1 | grep -q "Application shutdown complete" \
-  || fail "the service did not shut down"
+logs=$(podman logs "$CONTAINER" 2>&1) || fail "podman logs"
+grep -q "Application shutdown complete" <<<"$logs" || fail "the service did not shut down"
 checkpoint=$(podman run --rm --interactive --volume "$VOLUME:/var/lib/twinwatch" \
   --entrypoint python "$IMAGE" - <<'EOF'
 import sqlite3
@@ -176,14 +196,15 @@ database = sqlite3.connect("/var/lib/twinwatch/twinwatch.db")
 query = "SELECT sample_count FROM stream_checkpoints WHERE stream_id = 'pump-1'"
 print(database.execute(query).fetchone()[0])
 EOF
-)
+) || fail "the checkpoint could not be read from the volume"
 [ "$checkpoint" = 1500 ] || fail "the checkpoint holds $checkpoint readings, not 1500"
-podman start "$CONTAINER" >/dev/null
+podman start "$CONTAINER" >/dev/null || fail "podman start"
 wait_ready
-seen=$(curl -sf "$url/v1/streams/pump-1" | field '["samples_seen"]')
+seen=$(curl -sf "$url/v1/streams/pump-1" | field '["samples_seen"]') \
+  || fail "GET /v1/streams/pump-1 after the restart"
 [ "$seen" = 1500 ] || fail "after the restart the stream has seen $seen readings, not 1500"
 answer=$(readings 1400 600 | curl -sf -X POST "$url/v1/streams/pump-1/readings?results=false" \
-  -H 'Content-Type: application/json' --data-binary @-)
+  -H 'Content-Type: application/json' --data-binary @-) || fail "POST readings after the restart"
 if [ "$(echo "$answer" | field '["duplicates"]')" != 100 ] \
   || [ "$(echo "$answer" | field '["accepted"]')" != 500 ]; then
   fail "after the restart: $answer (100 duplicates and 500 new readings expected)"

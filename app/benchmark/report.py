@@ -33,6 +33,8 @@ def benchmark(
     plots: Path | None = None,
     on_file: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
+    if plots is not None:
+        require_matplotlib()  # before the first file, not after it
     started = time.perf_counter()
     scores: list[FileScore] = []
     per_file = []
@@ -67,7 +69,6 @@ def benchmark(
         scores.append(score)
         per_file.append(_file_report(labelled, rows, run, score))
         if plots is not None:
-            require_matplotlib()
             from app.benchmark.plots import plot_file  # matplotlib, on demand
 
             plot_file(labelled, rows, run, plots / f"{labelled.name.replace('/', '_')}.png")

@@ -178,8 +178,9 @@ def evaluate_forecast_command(
     std against the LSTM on each window's changes (the first fails once the level leaves the
     training range), and recursive against direct forecasts up to --horizon samples ahead.
     """
-    require_matplotlib()
-    from app.forecasting import report  # matplotlib: not at CLI start-up
+    if plots is not None:
+        require_matplotlib()  # before the first (slow) fit
+    from app.forecasting import report
 
     started = time.perf_counter()
     config = build_config(

@@ -2,7 +2,8 @@
 
 Everything here reads finished `Fold`s; nothing fits or scores anew except through
 `app.forecasting.scores`. Figures are drawn on the Agg canvas directly (no pyplot state), so
-they render the same on a headless server.
+they render the same on a headless server; matplotlib (the `plots` extra) is imported only
+when one is drawn.
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 from rich.table import Table
 
 from app.forecasting import scores
 from app.forecasting.walkforward import Fold, Metric, summarise
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 LABELS: dict[str, str] = {
     "naive": "naive",
@@ -254,7 +256,15 @@ def build_report(
 # ---- figures --------------------------------------------------------------------------------
 
 
+def _figure(width: float, height: float) -> Figure:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), layout="constrained")
+
+
 def _save(figure: Figure, path: Path) -> Path:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(figure)
     figure.savefig(path, dpi=110)
@@ -266,7 +276,7 @@ def plot_forecasts(
 ) -> Path:
     """Forecast vs measured on the first `samples` one-step test targets of a fold."""
     n = min(samples, fold.targets.size)
-    figure = Figure(figsize=(11, 4.5), layout="constrained")
+    figure = _figure(11, 4.5)
     axes = figure.add_subplot()
     axes.plot(fold.targets[:n], fold.actual[:n, 0], color="black", lw=2.0, label="measured")
     forecasts = dict(fold.forecasts)
@@ -286,7 +296,7 @@ def plot_forecasts(
 
 def plot_horizon(fold: Fold, path: Path) -> Path:
     """RMSE against the number of steps ahead for each multi-step method."""
-    figure = Figure(figsize=(8, 4.5), layout="constrained")
+    figure = _figure(8, 4.5)
     axes = figure.add_subplot()
     steps = np.arange(1, fold.horizon + 1)
     for method in fold.forecasts:

@@ -198,6 +198,8 @@ def evaluate(
     sample_period_s: float | None = None,
 ) -> dict[str, Any]:
     """The fault-injection report of the issue's JSON format."""
+    if plots is not None:
+        require_matplotlib()  # before the stream is run, not after
     started = time.perf_counter()
     if normal_days is not None and (seed is None or not normal_days > 0):
         raise DataError("--normal-days needs a positive number of days and --seed")
@@ -241,7 +243,6 @@ def evaluate(
         "stream_seconds": forecast_seconds,
     }
     if plots is not None:
-        require_matplotlib()
         from app.monitoring.plots import plot_record  # matplotlib, on demand
 
         path = plot_record(record, config, faults, plots / "monitor.png", start=plot_from)

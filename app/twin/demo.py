@@ -30,7 +30,7 @@ from rich.table import Table
 from rich.text import Text
 
 from app.errors import AppError
-from app.figures import require_matplotlib
+from app.figures import INSTALL, have_matplotlib
 from app.logs import configure_logging
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.evaluation import DETECTION_MARGIN, RECOVERY, MonitoredRecord
@@ -324,7 +324,7 @@ class DemoResult:
     report: TwinReport
     catches: list[FaultCatch]
     false_alarms: list[AlarmSpan]
-    figure: Path
+    figure: Path | None  # none without matplotlib (the `plots` extra)
     data_dir: Path | None  # kept with --keep-database
 
 
@@ -453,23 +453,29 @@ def run_demo(
             f"{len(wrong)}",
             highlight=False,
         )
-        require_matplotlib()
-        from app.monitoring.plots import plot_record  # matplotlib, for this figure only
+        figure = None
+        if have_matplotlib():  # the `plots` extra: the demo runs without it, with no figure
+            from app.monitoring.plots import plot_record
 
-        figure = plot_record(
-            recorder.monitored_record(),
-            config,
-            scenario.sent_faults(),
-            out_dir / "demo.png",
-            start=scenario.start,
-            stop=(recorder.last_sample or scenario.start) + 1,
-        )
+            figure = plot_record(
+                recorder.monitored_record(),
+                config,
+                scenario.sent_faults(),
+                out_dir / "demo.png",
+                start=scenario.start,
+                stop=(recorder.last_sample or scenario.start) + 1,
+            )
         console.print(
             f"sent {report.sent} readings in {report.elapsed_s:.1f} s "
             f"({report.retries} retries){'; stopped early' if report.stopped else ''}",
             highlight=False,
         )
-        console.print(f"figure: {figure}", highlight=False)
+        console.print(
+            f"figure: {figure}"
+            if figure
+            else f"no figure: matplotlib is not installed ({INSTALL})",
+            highlight=False,
+        )
         if keep:
             console.print(f"kept the database: {data_dir / 'twinwatch.db'}", highlight=False)
         return DemoResult(report, found, wrong, figure, data_dir if keep else None)

@@ -32,6 +32,7 @@ from tests.support.prometheus import (
     alarm_rows_by_fault,
     alerts_by_fault,
     compressed_config,
+    query,
 )
 
 REPO = Path(__file__).resolve().parents[2]
@@ -63,17 +64,14 @@ class Stack:
         return result
 
     def container(self, service: str) -> str:
-        return f"{PROJECT}_{service}_1"
+        return f"{PROJECT}_{service}_1"  # podman-compose's (and docker-compose 1's) names
 
     def logs(self, service: str) -> str:
         result = run(ENGINE, "logs", "--tail", "40", self.container(service))
         return result.stdout + result.stderr
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        answer = httpx.get(f"{self.prometheus}/api/v1/query", params={"query": promql}).json()
-        assert answer["status"] == "success", (promql, answer)
-        result: list[dict[str, Any]] = answer["data"]["result"]
-        return result
+        return query(self.prometheus, promql)
 
     def wait(self, service: str, ready: Any) -> None:
         deadline = time.monotonic() + READY_LIMIT_S
@@ -115,8 +113,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                     stack.container("postgres"),
                     "pg_isready",
                     "-q",
-                    "-U",
-                    "twinwatch",
+                    "--host=127.0.0.1",  # over TCP: the initialisation's server has none
+                    "--username=twinwatch",
                 ).returncode
                 == 0
             ),

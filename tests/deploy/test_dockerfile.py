@@ -61,7 +61,7 @@ def test_multi_stage_slim_plain_install_non_root_healthcheck() -> None:
     stages = [args for keyword, args in steps if keyword == "FROM"]
     assert len(stages) == 2
     args = {a.split("=", 1)[0]: a.split("=", 1)[1] for k, a in steps if k == "ARG" and "=" in a}
-    assert args["PYTHON_IMAGE"] == "python:3.11-slim"
+    assert args["PYTHON_IMAGE"] == "python:3.11-slim-bookworm"
     runs = " ".join(a for k, a in steps if k == "RUN")
     # The service: the plain package, not editable (migrations and models are inside it), and
     # neither torch nor the train extra.

@@ -41,6 +41,7 @@ from tests.support.prometheus import (
     alerts_by_fault,
     compressed_config,
     ingest_clock,
+    query,
     raw_samples,
     rising_edges,
     scale_duration,
@@ -145,10 +146,7 @@ class Deployment:
     server: subprocess.Popen[bytes]
 
     def query(self, promql: str) -> list[dict[str, Any]]:
-        answer = httpx.get(f"{self.prometheus}/api/v1/query", params={"query": promql}).json()
-        assert answer["status"] == "success", (promql, answer)
-        result: list[dict[str, Any]] = answer["data"]["result"]
-        return result
+        return query(self.prometheus, promql)
 
     def firing(self) -> set[str]:
         alerts = httpx.get(f"{self.prometheus}/api/v1/alerts").json()["data"]["alerts"]

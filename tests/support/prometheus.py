@@ -15,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import yaml
 
 from app.monitoring.evaluation import DETECTION_MARGIN
@@ -68,6 +69,14 @@ def compressed_config(directory: Path, target: str | None = None) -> Path:
     path = directory / "prometheus.yml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
+
+
+def query(prometheus: str, promql: str) -> list[dict[str, Any]]:
+    """An instant query to the Prometheus at `prometheus` (its base URL)."""
+    answer = httpx.get(f"{prometheus}/api/v1/query", params={"query": promql}).json()
+    assert answer["status"] == "success", (promql, answer)
+    result: list[dict[str, Any]] = answer["data"]["result"]
+    return result
 
 
 def raw_samples(query: Query, selector: str) -> list[dict[str, Any]]:

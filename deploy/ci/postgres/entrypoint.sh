@@ -2,6 +2,8 @@
 # The official image's start-up, in short: a new data directory gets its cluster, user and
 # database; then the server runs in this process as user postgres (it gets the signals).
 set -eu
+# The server's programs, of whichever version Debian's package installed.
+PATH=$(find /usr/lib/postgresql -maxdepth 2 -name bin -type d | sort | tail -n 1):$PATH
 : "${POSTGRES_USER:=postgres}" "${POSTGRES_DB:=$POSTGRES_USER}"
 : "${POSTGRES_PASSWORD:?POSTGRES_PASSWORD is required}"
 mkdir -p "$PGDATA" /run/postgresql
