@@ -45,6 +45,7 @@ from app.storage.repositories.alarms import Applied
 from app.streams.learning import Learner
 from app.streams.live import LiveStreams
 from app.streams.stale import StaleWatch
+from app.web import pages
 
 log = logging.getLogger(__name__)
 
@@ -205,4 +206,6 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 413 carries it too
     for module in (health, streams, readings, alarms, incidents, models, jobs, shadows):
         app.include_router(module.router)
+    app.include_router(pages.router)  # the operator's pages (app/web/)
+    app.mount("/static", pages.static, name="static")
     return app

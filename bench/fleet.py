@@ -37,6 +37,27 @@ MODEL = "lstm-stateful-day-seed3"
 TICK = 10_000
 
 
+def stream_rows(ids: list[str], now: datetime) -> list[dict[str, object]]:
+    """`streams` rows of the shipped stateful model, as a PUT would make them."""
+    return [
+        {
+            "id": stream_id,
+            "model_name": MODEL,
+            "channels": ["value"],
+            "sample_period_s": 0.1,
+            "has_reference": False,
+            "detector_overrides": {},
+            "learning": None,
+            "false_alarms_per_day": 1.0,
+            "created_at": now,
+            "updated_at": now,
+            "last_t": None,
+            "sample_count": 0,
+        }
+        for stream_id in ids
+    ]
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -132,23 +153,7 @@ def main() -> None:
 
         now = datetime.now(UTC)
         ids = [f"fleet-{i:06d}" for i in range(args.streams)]
-        rows: list[dict[str, object]] = [
-            {
-                "id": stream_id,
-                "model_name": MODEL,
-                "channels": ["value"],
-                "sample_period_s": 0.1,
-                "has_reference": False,
-                "detector_overrides": {},
-                "learning": None,
-                "false_alarms_per_day": 1.0,
-                "created_at": now,
-                "updated_at": now,
-                "last_t": None,
-                "sample_count": 0,
-            }
-            for stream_id in ids
-        ]
+        rows = stream_rows(ids, now)
         with database.session() as session:
             for start in range(0, len(rows), 10_000):
                 session.execute(insert(Stream), rows[start : start + 10_000])

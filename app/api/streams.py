@@ -281,7 +281,15 @@ def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
 def list_streams(
     session: SessionDep, state: StateDep, limit: LimitQuery = 100, cursor: CursorQuery = None
 ) -> StreamList:
-    streams, next_cursor = stream_repo.page(session, limit=limit, cursor=cursor)
+    return stream_page(session, state, limit=limit, cursor=cursor)
+
+
+def stream_page(
+    session: Session, state: AppState, *, limit: int, cursor: str | None, prefix: str | None = None
+) -> StreamList:
+    """A page of streams with their open alarms and live position (the API's and the operator
+    page's)."""
+    streams, next_cursor = stream_repo.page(session, limit=limit, cursor=cursor, prefix=prefix)
     open_by_stream: dict[str, list[Alarm]] = defaultdict(list)
     for alarm in alarm_repo.list_open(session, stream_ids=[stream.id for stream in streams]):
         open_by_stream[alarm.stream_id].append(alarm)

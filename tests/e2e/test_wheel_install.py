@@ -166,3 +166,12 @@ def test_the_lab_record_raises_the_readmes_alarms(server: tuple[str, int]) -> No
         if not any(f.start <= s < f.end + DETECTION_MARGIN + RECOVERY for f in LAB_FAULTS)
     ]
     assert not false, false
+
+
+def test_the_installed_package_serves_its_pages(server: tuple[str, int]) -> None:
+    """The templates and the stylesheet travel in the wheel."""
+    base, _ = server
+    page = httpx.get(f"{base}/", timeout=30)
+    assert page.status_code == 200 and "<h1>Streams</h1>" in page.text
+    style = httpx.get(f"{base}/static/twinwatch.css", timeout=30)
+    assert style.status_code == 200 and "prefers-color-scheme: dark" in style.text

@@ -69,11 +69,13 @@ def require_many(
 
 
 def page(
-    session: Session, *, limit: int, cursor: str | None = None
+    session: Session, *, limit: int, cursor: str | None = None, prefix: str | None = None
 ) -> tuple[list[Stream], str | None]:
-    """Streams in id order, `limit` at a time after the one `cursor` names; the next page's
-    cursor (None after the last)."""
+    """Streams in id order (those whose id starts with `prefix`), `limit` at a time after the
+    one `cursor` names; the next page's cursor (None after the last)."""
     statement = select(Stream).order_by(Stream.id).limit(limit + 1)
+    if prefix:
+        statement = statement.where(Stream.id.startswith(prefix, autoescape=True))
     if cursor is not None:
         statement = statement.where(Stream.id > _decode_cursor(cursor))
     rows = list(session.scalars(statement))
