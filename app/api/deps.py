@@ -66,7 +66,7 @@ STATE_KEY = "twinwatch"  # the key `app.main.LifespanState` yields
 
 
 # The cheap dependencies are `async def` on purpose: FastAPI runs a plain `def` dependency in
-# its thread pool, a hop that costs more than the work itself on every request.
+# its thread pool, a hop on every request that work this small does not need.
 async def get_state(request: Request) -> AppState:
     state = getattr(request.state, STATE_KEY, None)
     if not isinstance(state, AppState):

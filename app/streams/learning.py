@@ -6,8 +6,8 @@ has its learning readings (`{"readings": n}`, or `{"duration_s": s}` of them and
 `MIN_READINGS`), `Learner` fits its model in a background thread, off every request
 (`app.learning.learn`): a job of kind `learn`, as each later revision of its thresholds is one
 of kind `revise` (`GET /v1/jobs` lists them beside the jobs users ask for). They run in the
-service's own thread, not in a process as those do: a fit of the linear models costs less than
-starting a process would, and a fleet's streams fit one after another.
+service's own thread, not in a process as those do: a fit of the linear models is small beside
+starting a process, and a fleet's streams fit one after another.
 Each makes a version of the stream's learned models, which the stream runs at once.
 
 Readings that arrive during the fit are stored as usual; once the model is there,

@@ -907,7 +907,7 @@ class Switched:
 
 def _advance_together(group: list[tuple[Recurrence, StreamState, Readings, float]]) -> None:
     """Streams of one recurrence through their readings in one block, as a gateway's tick
-    runs them: the same bits as one at a time, at a fraction of the cost."""
+    runs them: the same bits as one at a time (docs/benchmarks.md: a restart's replay)."""
     recurrence = group[0][0]
     readings = [item[2] for item in group]
     references = [r.references for r in readings if r.references is not None]  # all or none

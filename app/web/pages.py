@@ -17,6 +17,7 @@ from fastapi.templating import Jinja2Templates
 from app.api.deps import ReadAccess, SessionDep, SingleQueryValues, StateDep
 from app.api.queries import CursorQuery
 from app.api.streams import stream_page
+from app.registry import AUTO, learned_name
 from app.schemas import StreamOut
 
 HERE = Path(__file__).resolve().parent
@@ -67,8 +68,8 @@ def streams_page(
             "stream": stream,
             "state": state_of(stream),
             "model": (
-                f"auto.{stream.id}"
-                if stream.model == "auto" and stream.model_version
+                learned_name(stream.id)
+                if stream.model == AUTO and stream.model_version
                 else stream.model
             ),
             "seen": age(stream.last_t, now),

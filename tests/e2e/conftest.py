@@ -8,6 +8,7 @@ stream cannot be created without them).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -118,6 +119,19 @@ class ServeProcess:
     def log(self) -> str:
         path = self.log_dir / f"{self.name}-{self.starts}.log"
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
+
+
+def restarted(server: ServeProcess, *, timeout_s: float = 120) -> httpx.Client:
+    """The server SIGKILLed and started again on its database; a client of it."""
+    server.kill()
+    server.start()
+    return httpx.Client(base_url=server.base_url, timeout=timeout_s)
+
+
+def try_switch(server: ServeProcess, stream: str, choice: dict[str, object]) -> None:
+    """A promotion whose answer may never come (the server is killed meanwhile)."""
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(f"{server.base_url}/v1/streams/{stream}/model", json=choice, timeout=30)
 
 
 @pytest.fixture(scope="session")

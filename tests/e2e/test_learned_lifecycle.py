@@ -8,7 +8,6 @@ is reported failed or finished (never half-made) and the stream runs one version
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from functools import cache
@@ -20,7 +19,13 @@ import numpy as np
 import pytest
 
 from app.simulation.faults import Fault, FaultType, inject_faults
-from tests.e2e.conftest import E2E_BACKENDS, ServeProcess, ServerFactory, new_database
+from tests.e2e.conftest import (
+    E2E_BACKENDS,
+    ServerFactory,
+    new_database,
+    restarted,
+    try_switch,
+)
 from tests.support.jobs import FINISHED, finished
 from tests.support.models import epoch_times
 
@@ -81,12 +86,6 @@ def stream(client: httpx.Client) -> dict[str, Any]:
     return dict(answer.json())
 
 
-def restarted(server: ServeProcess) -> httpx.Client:
-    server.kill()
-    server.start()
-    return httpx.Client(base_url=server.base_url, timeout=300)
-
-
 def wait(condition: Any, what: str, timeout_s: float = 120) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -128,7 +127,7 @@ def test_a_learned_stream_through_a_held_change_jobs_a_promotion_a_rollback_and_
         lambda: client.get(f"/v1/jobs/{killed['id']}").json()["phase"] != "queued",
         "the job did not start",
     )
-    client = restarted(server)
+    client = restarted(server, timeout_s=300)
     after = client.get(f"/v1/jobs/{killed['id']}").json()
     assert after["phase"] in ("failed", "succeeded")
     made = [v for v in versions(client).values() if f"job {killed['id']} " in v["created_by"]]
@@ -176,11 +175,11 @@ def test_a_learned_stream_through_a_held_change_jobs_a_promotion_a_rollback_and_
     # Killed during a promotion to the recalibrated version: after the restart the stream runs
     # one or the other, whole, and every acknowledged reading is there once.
     switching = threading.Thread(
-        target=lambda: _try_switch(server, {"name": NAME, "version": recalibrated_version})
+        target=lambda: try_switch(server, STREAM, {"name": NAME, "version": recalibrated_version})
     )
     switching.start()
     time.sleep(0.05)
-    client = restarted(server)
+    client = restarted(server, timeout_s=300)
     switching.join()
     now = stream(client)
     assert now["samples_seen"] == SPIKE + 300
@@ -206,9 +205,3 @@ def test_a_learned_stream_through_a_held_change_jobs_a_promotion_a_rollback_and_
         v for v, row in versions(client).items() if row["created_by"] == "revision"
     }
     server.stop()
-
-
-def _try_switch(server: ServeProcess, choice: dict[str, Any]) -> None:
-    """A promotion whose answer may never come (the server is killed meanwhile)."""
-    with contextlib.suppress(httpx.HTTPError):
-        httpx.post(f"{server.base_url}/v1/streams/{STREAM}/model", json=choice, timeout=30)

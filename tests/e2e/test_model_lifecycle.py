@@ -6,7 +6,6 @@ version or the other, whole."""
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from pathlib import Path
@@ -15,7 +14,13 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.e2e.conftest import E2E_BACKENDS, ServeProcess, ServerFactory, new_database
+from tests.e2e.conftest import (
+    E2E_BACKENDS,
+    ServerFactory,
+    new_database,
+    restarted,
+    try_switch,
+)
 from tests.support.jobs import finished
 from tests.support.models import epoch_times, lab_series
 
@@ -51,12 +56,6 @@ def post(client: httpx.Client, first: int, stop: int) -> list[dict[str, Any]]:
 def versions(client: httpx.Client) -> dict[int, str]:
     body = client.get("/v1/models/lstm-seed0").json()
     return {row["version"]: row["status"] for row in body["versions"]}
-
-
-def restarted(server: ServeProcess) -> httpx.Client:
-    server.kill()
-    server.start()
-    return httpx.Client(base_url=server.base_url, timeout=120)
 
 
 @pytest.mark.parametrize("backend", E2E_BACKENDS)
@@ -113,7 +112,7 @@ def test_a_model_through_jobs_a_shadow_a_promotion_a_rollback_and_two_kills(
     # Killed during a promotion to 3: after the restart the stream runs 2 or 3, whole, and
     # every acknowledged reading is there once.
     switching = threading.Thread(
-        target=lambda: _try_post(server, {"name": "lstm-seed0", "version": 3})
+        target=lambda: try_switch(server, "pump-1", {"name": "lstm-seed0", "version": 3})
     )
     switching.start()
     time.sleep(0.05)
@@ -134,9 +133,3 @@ def test_a_model_through_jobs_a_shadow_a_promotion_a_rollback_and_two_kills(
     assert {alarm["model_version"] for alarm in opened} <= {"1"}
     assert client.get("/v1/streams/pump-1").json()["samples_seen"] == NORMAL + 1000
     server.stop()
-
-
-def _try_post(server: ServeProcess, body: dict[str, Any]) -> None:
-    """A promotion whose answer may never come (the server is killed meanwhile)."""
-    with contextlib.suppress(httpx.HTTPError):
-        httpx.post(f"{server.base_url}/v1/streams/pump-1/model", json=body, timeout=30)

@@ -57,7 +57,7 @@ def datetime_at(micro: int) -> datetime:
     return EPOCH + timedelta(microseconds=micro)
 
 
-@dataclass(slots=True)  # (frozen would double the cost of one per stream and request)
+@dataclass(slots=True)  # (not frozen: one is made per stream and request, and frozen costs more)
 class NewBatch:
     """One stream's readings of one request: `micros` (N,) from `micros()`, `values` (N, C) in
     the stream's channel order and `references` (N,) or None, NaN where a number is missing."""
