@@ -67,7 +67,7 @@ def unversioned(session: Session) -> list[tuple[Stream, LearnedModel]]:
             LearnedModel.model.is_not(None),
         )
     )
-    return [(stream, row) for stream, row in session.execute(statement).tuples()]
+    return [(stream, row) for stream, row in session.execute(statement)]
 
 
 def get_many(session: Session, stream_ids: Sequence[str]) -> dict[str, LearnedModel]:

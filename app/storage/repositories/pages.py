@@ -91,6 +91,6 @@ def decode_cursor(cursor: str) -> tuple[datetime, int]:
         row_id = int(id_text)
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise DataError("invalid cursor: pass back the next_cursor of a previous page") from None
-    if opened_at.tzinfo is None:
+    if opened_at.tzinfo is None or not 0 <= row_id < 2**63:  # (a row id is a BIGINT)
         raise DataError("invalid cursor: pass back the next_cursor of a previous page")
     return opened_at, row_id

@@ -145,7 +145,17 @@ def test_a_new_alarm_does_not_shift_later_pages(alarms_db: Database) -> None:
         assert opened(second) == [250, 200]
 
 
-@pytest.mark.parametrize("cursor", ["garbage!", "", "bm90LWEtY3Vyc29y", "MjAyNS0wMS0wMXw1"])
+# (The last: a row id past BIGINT's range, which the database would refuse with an overflow.)
+@pytest.mark.parametrize(
+    "cursor",
+    [
+        "garbage!",
+        "",
+        "bm90LWEtY3Vyc29y",
+        "MjAyNS0wMS0wMXw1",
+        "MjAyNS0wMS0wMVQwMDowMDowMCswMDowMHw5OTk5OTk5OTk5OTk5OTk5OTk5OTk5OQ",
+    ],
+)
 def test_a_bad_cursor_is_a_data_error(alarms_db: Database, cursor: str) -> None:
     with alarms_db.session() as session, pytest.raises(DataError, match="invalid cursor"):
         alarm_repo.page(session, cursor=cursor)
