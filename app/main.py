@@ -206,6 +206,5 @@ def create_app(
     app.add_middleware(RequestIdMiddleware)  # added last: outermost, so a 413 carries it too
     for module in (health, streams, readings, alarms, incidents, models, jobs, shadows):
         app.include_router(module.router)
-    app.include_router(pages.router)  # the operator's pages (app/web/)
-    app.mount("/static", pages.static, name="static")
+    pages.install(app)  # the operator's pages (app/web/)
     return app

@@ -145,6 +145,10 @@ class Settings(BaseSettings):
         tokens = [t.get_secret_value() for t in (self.read_token, self.api_token) if t]
         return tokens
 
+    def write_tokens(self) -> list[str] | None:
+        """The tokens a write may present; None: writes are open."""
+        return None if self.api_token is None else [self.api_token.get_secret_value()]
+
     @model_validator(mode="after")
     def _default_database(self) -> Settings:
         if not self.database_url:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated
+from urllib.parse import unquote
 
 import anyio
 from fastapi import Depends, Request, Security
@@ -15,6 +16,7 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.datastructures import Headers
+from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.catalogue import LEARNED, load_learned, load_version
@@ -139,26 +141,55 @@ def check_token(credentials: str | None, accepted: list[str]) -> None:
     `accepted` (compared in constant time)."""
     if credentials is None:
         raise UnauthorizedError("this endpoint needs an 'Authorization: Bearer <token>' header")
-    given = credentials.encode()
-    if not any([hmac.compare_digest(given, token.encode()) for token in accepted]):
+    if not token_accepted(credentials, accepted):
         raise UnauthorizedError("the bearer token is not valid")
+
+
+def token_accepted(given: str, accepted: list[str]) -> bool:
+    """Whether `given` is one of `accepted`, compared in constant time (each one compared)."""
+    presented = given.encode()
+    return any([hmac.compare_digest(presented, token.encode()) for token in accepted])
 
 
 def _credentials(bearer: HTTPAuthorizationCredentials | None) -> str | None:
     return None if bearer is None else bearer.credentials
 
 
+SESSION_COOKIE = "twinwatch_token"
+"""The operator's pages keep the token given once (to sign in, or to acknowledge) in this
+cookie for the browser session: HttpOnly, SameSite=Strict, never in a URL. Reads accept it
+as they accept a bearer token, so the pages' charts fetch the API with it; API writes do not
+(a page acknowledges through its own form, which checks where the request comes from)."""
+
+
+def session_token(cookies: dict[str, str]) -> str | None:
+    value = cookies.get(SESSION_COOKIE)
+    return unquote(value) if value else None
+
+
+def presented_token(headers: Headers) -> str | None:
+    """What a request presents to read: a bearer token, else the pages' session cookie."""
+    scheme, _, credentials = headers.get("authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    return session_token(cookie_parser(headers.get("cookie", "")))
+
+
 async def require_token(settings: SettingsDep, bearer: BearerCredentials) -> None:
     """With an API token configured, a write needs `Authorization: Bearer <token>`."""
-    if settings.api_token is not None:
-        check_token(_credentials(bearer), [settings.api_token.get_secret_value()])
-
-
-async def require_read_token(settings: SettingsDep, bearer: BearerCredentials) -> None:
-    """With reads protected (a read token, or `protect_reads`), a read needs one of them."""
-    accepted = settings.read_tokens()
+    accepted = settings.write_tokens()
     if accepted is not None:
         check_token(_credentials(bearer), accepted)
+
+
+async def require_read_token(
+    request: Request, settings: SettingsDep, bearer: BearerCredentials
+) -> None:
+    """With reads protected (a read token, or `protect_reads`), a read needs one of them, as a
+    bearer token or in the pages' session cookie."""
+    accepted = settings.read_tokens()
+    if accepted is not None:
+        check_token(_credentials(bearer) or session_token(request.cookies), accepted)
 
 
 WriteAccess = Depends(require_token)
@@ -192,12 +223,8 @@ class DocumentsAccessMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in DOCUMENTS:
-            header = Headers(scope=scope).get("authorization", "")
-            scheme, _, credentials = header.strip().partition(" ")
             try:
-                check_token(
-                    credentials.strip() if scheme.lower() == "bearer" else None, self.accepted
-                )
+                check_token(presented_token(Headers(scope=scope)), self.accepted)
             except UnauthorizedError as exc:
                 response = JSONResponse(
                     exc.problem(instance=scope["path"]),

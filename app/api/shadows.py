@@ -61,7 +61,7 @@ def put_shadow(
         from_sample=samples,
         now=utcnow(),
     )
-    return _compared(state, session, stream, shadow)
+    return compared(state, session, stream, shadow)
 
 
 @router.get(
@@ -76,7 +76,7 @@ def get_shadow(stream_id: StreamIdPath, session: SessionDep, state: StateDep) ->
     shadow = version_repo.shadow_of(session, stream_id)
     if shadow is None:
         raise NotFoundError(f"stream {stream_id!r} has no shadow", stream=stream_id)
-    return _compared(state, session, stream, shadow)
+    return compared(state, session, stream, shadow)
 
 
 @router.delete(
@@ -95,7 +95,7 @@ def delete_shadow(stream_id: StreamIdPath, session: SessionDep) -> Response:
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-def _compared(state: AppState, session: Session, stream: Stream, shadow: Shadow) -> ShadowOut:
+def compared(state: AppState, session: Session, stream: Stream, shadow: Shadow) -> ShadowOut:
     """Both versions over the stream's stored readings since the shadow started (the latest
     `MOST_RECOMPUTED` at most), each warmed on the readings before."""
     model = state.target(session, shadow.model_name, shadow.model_version)
@@ -105,7 +105,7 @@ def _compared(state: AppState, session: Session, stream: Stream, shadow: Shadow)
     total = reading_repo.count(session, stream_id=stream.id)  # (not holding the stream)
     first = max(shadow.from_sample, total - MOST_RECOMPUTED)
     stored = state.streams.stored_range(session, stream, first, None, most=MOST_RECOMPUTED)
-    compared = ShadowOut(
+    empty = ShadowOut(
         stream=stream.id,
         started_at=shadow.started_at,
         from_sample=shadow.from_sample,
@@ -116,14 +116,14 @@ def _compared(state: AppState, session: Session, stream: Stream, shadow: Shadow)
         candidate=_side(model.name, model.version, None, None, 0.0),
     )
     if stored is None or int(stored.readings.counts[0]) <= stored.skip:
-        return compared
+        return empty
     times = stored.readings.times
     days = (int(times[-1]) - int(times[stored.skip])) / 1e6 / SECONDS_PER_DAY
     runs = [
         run(recurrence, stored.readings, period, start=stored.start, skip=stored.skip)
         for recurrence in (active, candidate)
     ]
-    return compared.model_copy(
+    return empty.model_copy(
         update={
             "readings": int(stored.readings.counts[0]) - stored.skip,
             "since_t": float(times[stored.skip]) / 1e6,

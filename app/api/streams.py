@@ -180,15 +180,15 @@ def put_stream(
             learning=learning,
             false_alarms_per_day=config.false_alarms_per_day,
         )
-    described = _described(state, session, stream)
-    if described.live is not None:
-        kinds = tuple(described.live.detectors)
-        thresholds = {k: d.threshold for k, d in described.live.detectors.items()}
+    answer = described(state, session, stream)
+    if answer.live is not None:
+        kinds = tuple(answer.live.detectors)
+        thresholds = {k: d.threshold for k, d in answer.live.detectors.items()}
     state.metrics.track_stream(stream_id, kinds, thresholds)
     if model_name == AUTO:  # a shorter learning period may be over already
         live = state.streams.read(session, stream)
         state.streams.on_end(session, commit=lambda: state.streams.learn_if_due(live))
-    return described
+    return answer
 
 
 def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[str, Any]:
@@ -235,7 +235,7 @@ def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[st
     return phase
 
 
-def _described(state: AppState, session: Session, stream: Stream) -> StreamOut:
+def described(state: AppState, session: Session, stream: Stream) -> StreamOut:
     """The stream's row with its live state (none if its model is not loaded any more)."""
     open_alarms = alarm_repo.list_open(session, stream_id=stream.id)
     switch = version_repo.last_switch(session, stream.id)
@@ -314,7 +314,7 @@ def stream_page(
     operation_id="getStream",
 )
 def get_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) -> StreamOut:
-    return _described(state, session, stream_repo.require(session, stream_id))
+    return described(state, session, stream_repo.require(session, stream_id))
 
 
 @router.post(
@@ -348,8 +348,8 @@ def switch_model(
     for name in {switched.previous[0], choice.name}:
         version_repo.refresh_statuses(session, name)
     stream = stream_repo.require(session, stream_id)
-    described = _described(state, session, stream)
-    live = described.live
+    answer = described(state, session, stream)
+    live = answer.live
     kinds = tuple(live.detectors) if live is not None else ()
     thresholds = {} if live is None else {k: d.threshold for k, d in live.detectors.items()}
     open_incidents = incident_repo.open_counts(session).get(stream_id, 0)
@@ -366,7 +366,7 @@ def switch_model(
         target.name,
         target.version,
     )
-    return described
+    return answer
 
 
 @router.delete(

@@ -1,32 +1,77 @@
 """The operator's pages, served by the service itself: server-rendered HTML (Jinja2 templates
-beside this file), no script needed to read them, a stylesheet of our own and nothing fetched
-from elsewhere. `/` lists the streams, a page at a time, from the same query as
-`GET /v1/streams`."""
+beside this file) readable without a script, a stylesheet of our own and, for the chart, uPlot
+(`static/vendor/`); nothing is fetched from elsewhere.
+
+- `/` the streams, a page at a time (the query of `GET /v1/streams`);
+- `/streams/{id}` one stream: its live chart (drawn by `static/stream.js` from
+  `GET /v1/streams/{id}/readings` and `GET /v1/alarms`), settings, model, detectors and alarms;
+  `/streams/{id}/shadow` the comparison with a shadowing candidate (replayed on demand);
+- `/alarms` alarms across streams, filtered, each acknowledged with a name;
+- `/sign-in` when reads are protected (`access.py` says how the token is kept)."""
 
 from __future__ import annotations
 
+import re
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Annotated
+from pathlib import Path as FilePath
+from typing import Annotated, Any, Literal
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
-from fastapi import APIRouter, Query, Request
-from fastapi.responses import HTMLResponse
+from fastapi import APIRouter, FastAPI, Form, Path, Query, Request, status
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
+from sqlalchemy.orm import Session
 
-from app.api.deps import ReadAccess, SessionDep, SingleQueryValues, StateDep
+from app.api.deps import (
+    SessionDep,
+    SettingsDep,
+    SingleQueryValues,
+    StateDep,
+    token_accepted,
+    utcnow,
+)
 from app.api.queries import CursorQuery
-from app.api.streams import stream_page
-from app.registry import AUTO, learned_name
-from app.schemas import StreamOut
+from app.api.shadows import compared
+from app.api.streams import described, stream_page
+from app.errors import AppError
+from app.monitoring.detectors import DETECTORS
+from app.registry import AUTO, NAME_PATTERN, learned_name
+from app.schemas import AcknowledgeIn, AlarmOut, StreamOut
+from app.settings import Settings
+from app.storage.models import Alarm, Stream
+from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import model_versions as version_repo
+from app.storage.repositories import streams as stream_repo
+from app.streams.stale import STALE
+from app.web.access import (
+    NAME_COOKIE,
+    SECURITY_HEADERS,
+    ForeignFormError,
+    PageReader,
+    SameSite,
+    SignInRequiredError,
+    forget,
+    here,
+    holds,
+    local,
+    reader_tokens,
+    remember,
+    remember_token,
+    remembered_name,
+    signed_in,
+)
 
-HERE = Path(__file__).resolve().parent
+HERE = FilePath(__file__).resolve().parent
 templates = Jinja2Templates(directory=HERE / "templates")
 static = StaticFiles(directory=HERE / "static")
 
-router = APIRouter(include_in_schema=False, dependencies=[ReadAccess, SingleQueryValues])
+router = APIRouter(include_in_schema=False, dependencies=[SingleQueryValues])
 
 PAGE_SIZE = 50
+RECENT_ALARMS = 20  # a stream page's table of its latest alarms
 
 
 def state_of(stream: StreamOut) -> str:
@@ -52,33 +97,349 @@ def age(moment: datetime | None, now: datetime) -> str:
     return f"{int(seconds)} s ago"
 
 
-@router.get("/", response_class=HTMLResponse)
+def model_label(stream: StreamOut) -> str:
+    """The model a stream runs, by the name its versions are catalogued under."""
+    if stream.model == AUTO and stream.model_version:
+        return learned_name(stream.id)
+    return stream.model
+
+
+def utc(moment: datetime | float | None) -> str:
+    """A moment (or epoch seconds) for people, to the second, in UTC (every page and the chart
+    say UTC)."""
+    if moment is None:
+        return ""
+    if isinstance(moment, int | float):
+        moment = datetime.fromtimestamp(moment, UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def at(moment: datetime) -> str:
+    """The `at` of a link to the chart at `moment` (epoch seconds)."""
+    return f"{moment.timestamp():.3f}"
+
+
+templates.env.filters.update(utc=utc, at=at)
+templates.env.globals.update(signed_in=signed_in)
+
+
+def render(request: Request, template: str, context: dict[str, Any], code: int = 200) -> Response:
+    return templates.TemplateResponse(
+        request, template, context, status_code=code, headers=SECURITY_HEADERS
+    )
+
+
+def missing(request: Request, what: str) -> Response:
+    return render(request, "missing.html", {"what": what}, 404)
+
+
+def named(text: str) -> bool:
+    """Whether `text` can be a stream's (or a detector's) name: anything else names nothing."""
+    return re.fullmatch(NAME_PATTERN, text) is not None
+
+
+@router.get("/", response_class=HTMLResponse, dependencies=[PageReader])
 def streams_page(
     request: Request,
     session: SessionDep,
     state: StateDep,
     q: Annotated[str | None, Query(max_length=128)] = None,
     cursor: CursorQuery = None,
-) -> HTMLResponse:
+) -> Response:
     prefix = (q or "").strip() or None
     page = stream_page(session, state, limit=PAGE_SIZE, cursor=cursor, prefix=prefix)
-    now = datetime.now(UTC)
     rows = [
-        {
-            "stream": stream,
-            "state": state_of(stream),
-            "model": (
-                learned_name(stream.id)
-                if stream.model == AUTO and stream.model_version
-                else stream.model
-            ),
-            "seen": age(stream.last_t, now),
-            "alarms": [a for a in stream.open_alarms if a.detector != "stale"],
-        }
+        {**_facts(stream), "alarms": [a for a in stream.open_alarms if a.detector != STALE]}
         for stream in page.items
     ]
-    return templates.TemplateResponse(
+    return render(
         request,
         "streams.html",
         {"rows": rows, "q": prefix or "", "next_cursor": page.next_cursor, "cursor": cursor},
     )
+
+
+def _facts(stream: StreamOut) -> dict[str, Any]:
+    return {
+        "stream": stream,
+        "state": state_of(stream),
+        "model": model_label(stream),
+        "seen": age(stream.last_t, datetime.now(UTC)),
+    }
+
+
+def _stream(session: Session, stream_id: str) -> Stream | None:
+    return stream_repo.get(session, stream_id) if named(stream_id) else None
+
+
+@router.get("/streams/{stream_id}", response_class=HTMLResponse, dependencies=[PageReader])
+def stream_detail(
+    request: Request,
+    stream_id: str,
+    session: SessionDep,
+    state: StateDep,
+    at: Annotated[float | None, Query(ge=0, le=1e11, description="Epoch seconds")] = None,
+) -> Response:
+    row = _stream(session, stream_id)
+    if row is None:
+        return missing(request, f"No stream “{stream_id}”.")
+    recent = alarm_repo.page(session, stream_id=stream_id, limit=RECENT_ALARMS).items
+    return render(
+        request,
+        "stream.html",
+        {
+            **_facts(described(state, session, row)),
+            "alarms": [AlarmOut.of(alarm) for alarm in recent],
+            "shadow": version_repo.shadow_of(session, stream_id),
+            "at": at,
+        },
+    )
+
+
+@router.get("/streams/{stream_id}/facts", response_class=HTMLResponse, dependencies=[PageReader])
+def stream_facts(
+    request: Request, stream_id: str, session: SessionDep, state: StateDep
+) -> Response:
+    """The stream page's summary alone, which the page fetches again to follow the stream."""
+    row = _stream(session, stream_id)
+    if row is None:
+        return missing(request, f"No stream “{stream_id}”.")
+    return render(request, "stream_facts.html", _facts(described(state, session, row)))
+
+
+@router.get("/streams/{stream_id}/shadow", response_class=HTMLResponse, dependencies=[PageReader])
+def shadow_page(request: Request, stream_id: str, session: SessionDep, state: StateDep) -> Response:
+    """The comparison `GET /v1/streams/{id}/shadow` answers, on a page of its own: it replays
+    both versions over the readings since the shadow started, too costly to do at every view
+    of the stream's page."""
+    row = _stream(session, stream_id)
+    shadow = None if row is None else version_repo.shadow_of(session, stream_id)
+    if row is None or shadow is None:
+        return missing(request, f"No stream “{stream_id}” with a shadowing candidate.")
+    try:
+        comparison, problem = compared(state, session, row, shadow), None
+    except AppError as error:  # its version was deleted, or cannot run on this stream
+        comparison, problem = None, error.detail
+    return render(
+        request,
+        "shadow.html",
+        {"stream": row, "shadow": shadow, "comparison": comparison, "problem": problem},
+    )
+
+
+AlarmStateFilter = Literal["open", "closed", ""]
+
+
+@dataclass(frozen=True)
+class AlarmFilters:
+    """What the alarms page shows: every field empty shows every alarm."""
+
+    stream: str = ""
+    detector: str = ""
+    state: AlarmStateFilter = ""
+
+    @classmethod
+    def of_page(cls, address: str) -> AlarmFilters:
+        """The filters of an alarms page's address (a form's return address)."""
+        given = dict(parse_qsl(urlsplit(address).query))
+        state = given.get("state", "")
+        return cls(
+            stream=given.get("stream", "").strip()[:128],
+            detector=given.get("detector", "").strip()[:64],
+            state=state if state in ("open", "closed") else "",  # type: ignore[arg-type]
+        )
+
+    def query(self) -> str:
+        return urlencode({key: value for key, value in asdict(self).items() if value})
+
+    def possible(self) -> bool:
+        """Whether any alarm could match (a stream or detector name of other characters names
+        none, and is not worth a query)."""
+        return all(named(text) for text in (self.stream, self.detector) if text)
+
+
+@router.get("/alarms", response_class=HTMLResponse, dependencies=[PageReader])
+def alarms_page(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    stream: Annotated[str, Query(max_length=128)] = "",
+    detector: Annotated[str, Query(max_length=64)] = "",
+    state: Annotated[AlarmStateFilter, Query()] = "",
+    cursor: CursorQuery = None,
+    acknowledged: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+) -> Response:
+    filters = AlarmFilters(stream.strip(), detector.strip(), state)
+    done = None if acknowledged is None else alarm_repo.get(session, acknowledged)
+    if done is not None and done.acknowledged_at is None:
+        done = None
+    return _alarms(request, session, settings, filters, cursor, here(request), done=done)
+
+
+def _alarms(
+    request: Request,
+    session: Session,
+    settings: Settings,
+    filters: AlarmFilters,
+    cursor: str | None,
+    back: str,
+    *,
+    done: Alarm | None = None,
+    refusal: Refusal | None = None,
+) -> Response:
+    alarms: list[Alarm] = []
+    next_cursor = None
+    if filters.possible():
+        page = alarm_repo.page(
+            session,
+            stream_id=filters.stream or None,
+            detector=filters.detector or None,
+            state=filters.state or None,
+            limit=PAGE_SIZE,
+            cursor=cursor,
+        )
+        alarms, next_cursor = page.items, page.next_cursor
+    return render(
+        request,
+        "alarms.html",
+        {
+            "alarms": [AlarmOut.of(alarm) for alarm in alarms],
+            "filters": filters,
+            "query": filters.query(),
+            "next_cursor": next_cursor,
+            "cursor": cursor,
+            "detectors": sorted({*DETECTORS, STALE}),
+            "token_needed": not holds(request, settings.write_tokens()),
+            "name": remembered_name(request) if refusal is None else refusal.name,
+            "back": back,
+            "done": None if done is None else AlarmOut.of(done),
+            "refusal": refusal,
+        },
+        200 if refusal is None else refusal.status,
+    )
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the page did not acknowledge an alarm, shown above its alarms (with the name the
+    form gave, to try again)."""
+
+    status: int
+    alarm: int
+    message: str
+    name: str
+
+
+@router.post(
+    "/alarms/{alarm_id}/acknowledge",
+    response_class=HTMLResponse,
+    dependencies=[SameSite, PageReader],
+)
+def acknowledge(
+    request: Request,
+    alarm_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
+    session: SessionDep,
+    settings: SettingsDep,
+    by: Annotated[str, Form(max_length=1000)] = "",
+    token: Annotated[str, Form(max_length=1000)] = "",
+    back: Annotated[str, Form(max_length=2000)] = "/alarms",
+) -> Response:
+    """A page's acknowledgement: the name given, and the API token (when the service requires
+    one) from the form or the session. A refusal answers the alarms page with the reason."""
+    given = token.strip()
+    back = local(back, "/alarms")
+    who = _who(request, session, settings, alarm_id, by, given)
+    if isinstance(who, Refusal):
+        return _alarms(
+            request, session, settings, AlarmFilters.of_page(back), None, back, refusal=who
+        )
+    alarm_repo.acknowledge(session, alarm_id, by=who, now=utcnow())
+    response = RedirectResponse(
+        with_acknowledged(back, alarm_id), status_code=status.HTTP_303_SEE_OTHER
+    )
+    if given:
+        remember_token(request, response, given)
+    remember(request, response, NAME_COOKIE, who)
+    return response
+
+
+def with_acknowledged(back: str, alarm_id: int) -> str:
+    """The page to return to, saying which alarm was just acknowledged (in place of the one
+    it said before)."""
+    parts = urlsplit(back)
+    query = [(key, value) for key, value in parse_qsl(parts.query) if key != "acknowledged"]
+    return f"{parts.path}?{urlencode([*query, ('acknowledged', str(alarm_id))])}"
+
+
+def _who(
+    request: Request, session: Session, settings: Settings, alarm_id: int, by: str, given: str
+) -> str | Refusal:
+    """Who acknowledges, or why not (the token first: whether an alarm exists is for those who
+    may acknowledge it)."""
+    needed = settings.write_tokens()
+    if needed is not None:
+        if given and not token_accepted(given, needed):
+            message = "That is not this service's API token: nothing was acknowledged."
+            return Refusal(401, alarm_id, message, by)
+        if not given and not holds(request, needed):
+            message = (
+                "Acknowledging needs this service's API token (TWINWATCH_API_TOKEN): enter it "
+                "beside your name. It is kept for this browser session only."
+            )
+            return Refusal(401, alarm_id, message, by)
+    if alarm_repo.get(session, alarm_id) is None:
+        return Refusal(404, alarm_id, f"There is no alarm {alarm_id}.", by)
+    try:
+        return AcknowledgeIn(by=by).by
+    except ValidationError:
+        message = "Give a name of 1 to 128 characters (yours or a system's) to acknowledge."
+        return Refusal(422, alarm_id, message, by[:128])
+
+
+@router.get("/sign-in", response_class=HTMLResponse)
+def sign_in_page(request: Request, back: Annotated[str, Query(max_length=2000)] = "/") -> Response:
+    return render(request, "sign_in.html", {"back": local(back), "problem": None})
+
+
+@router.post("/sign-in", response_class=HTMLResponse, dependencies=[SameSite])
+def sign_in(
+    request: Request,
+    settings: SettingsDep,
+    token: Annotated[str, Form(max_length=1000)] = "",
+    back: Annotated[str, Form(max_length=2000)] = "/",
+) -> Response:
+    accepted = reader_tokens(settings)
+    target = local(back)
+    given = token.strip()
+    if accepted is not None and not (given and token_accepted(given, accepted)):
+        problem = "Enter this service's token." if not given else "That token is not accepted."
+        return render(request, "sign_in.html", {"back": target, "problem": problem}, 401)
+    response = RedirectResponse(target, status_code=status.HTTP_303_SEE_OTHER)
+    if given:
+        remember_token(request, response, given)
+    return response
+
+
+@router.post("/sign-out", response_class=HTMLResponse, dependencies=[SameSite])
+def sign_out() -> Response:
+    response = RedirectResponse("/", status_code=status.HTTP_303_SEE_OTHER)
+    forget(response)
+    return response
+
+
+async def _sign_in_required(request: Request, exc: Exception) -> Response:
+    back = exc.back if isinstance(exc, SignInRequiredError) else "/"
+    return render(request, "sign_in.html", {"back": local(back), "problem": None}, 401)
+
+
+async def _foreign_form(request: Request, exc: Exception) -> Response:
+    message = "This form was sent from another site: refused. Use the page on this service."
+    return render(request, "missing.html", {"what": message}, 403)
+
+
+def install(app: FastAPI) -> None:
+    """The pages, their static files and their answers to a reader not signed in."""
+    app.include_router(router)
+    app.mount("/static", static, name="static")
+    app.add_exception_handler(SignInRequiredError, _sign_in_required)
+    app.add_exception_handler(ForeignFormError, _foreign_form)

@@ -169,9 +169,17 @@ def test_the_lab_record_raises_the_readmes_alarms(server: tuple[str, int]) -> No
 
 
 def test_the_installed_package_serves_its_pages(server: tuple[str, int]) -> None:
-    """The templates and the stylesheet travel in the wheel."""
+    """The templates, the stylesheet, the chart's script and uPlot travel in the wheel."""
     base, _ = server
-    page = httpx.get(f"{base}/", timeout=30)
-    assert page.status_code == 200 and "<h1>Streams</h1>" in page.text
+    for path, heading in (("/", "<h1>Streams</h1>"), ("/alarms", "<h1>Alarms</h1>")):
+        page = httpx.get(f"{base}{path}", timeout=30)
+        assert page.status_code == 200 and heading in page.text
     style = httpx.get(f"{base}/static/twinwatch.css", timeout=30)
     assert style.status_code == 200 and "prefers-color-scheme: dark" in style.text
+    for asset, text in (
+        ("stream.js", "twinwatchChart"),
+        ("vendor/uplot/uPlot.iife.min.js", "uPlot"),
+        ("vendor/uplot/uPlot.min.css", ".uplot"),
+    ):
+        answer = httpx.get(f"{base}/static/{asset}", timeout=30)
+        assert answer.status_code == 200 and text in answer.text, asset
