@@ -69,6 +69,15 @@ class PayloadTooLargeError(AppError):
     type_slug = "payload-too-large"
 
 
+class UnavailableError(AppError):
+    """Not now (the bus is away, or no worker answered in time); the answer says whether the
+    request may be sent again (Retry-After)."""
+
+    status = 503
+    title = "Service Unavailable"
+    type_slug = "unavailable"
+
+
 class UnauthorizedError(AppError):
     status = 401
     title = "Unauthorized"

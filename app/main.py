@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TypedDict
 
@@ -22,6 +23,7 @@ from app.api import alarms, health, incidents, jobs, models, readings, shadows, 
 from app.api.deps import AppState, DocumentsAccessMiddleware
 from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
+from app.bus.jetstream import open_bus, worker_name
 from app.catalogue import register_models
 from app.forecasting.training import use_one_thread
 from app.jobs.runner import JobRunner
@@ -30,6 +32,7 @@ from app.metrics import Metrics
 from app.registry import (
     AUTO,
     ArtifactLoader,
+    ModelRegistry,
     default_loader,
     load_models,
     model_directories,
@@ -54,8 +57,24 @@ class LifespanState(TypedDict):
     twinwatch: AppState
 
 
-def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> AppState:
-    """Everything the lifespan does before serving; blocking, so it runs off the event loop."""
+@dataclass
+class Engine:
+    """What processes readings: the models, the streams' live states and their learner. A
+    service process opens one (`open_state`), and so does a bus worker (`app/bus/worker.py`)."""
+
+    settings: Settings
+    database: Database
+    registry: ModelRegistry
+    store: ArtifactStore
+    metrics: Metrics
+    streams: LiveStreams
+    learner: Learner
+    started_at: datetime
+
+
+def open_engine(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> Engine:
+    """The database (migrated if asked), the models registered in it, and the streams' engine;
+    blocking. The caller disposes of `database` if what follows fails."""
     use_one_thread()
     settings.prepare_directories()
     if settings.migrate_on_start:
@@ -77,6 +96,7 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
             checkpoint_every=settings.checkpoint_every,
             retention=None if retention is None else timedelta(days=retention),
             store=store,
+            follower=settings.bus_url is not None,
         )
         learner = Learner(
             streams,
@@ -84,25 +104,36 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
             lstm=settings.learning_lstm,
         )
         streams.on_learning_due = learner.submit
-        # Before the streams resume: it fails the jobs a stopped service left running, and a
-        # resumed stream may start a fit (a job) at once.
-        runner = JobRunner(database, settings)
-        runner.start()
-        resume_streams(database, streams, metrics)
     except BaseException:
         database.dispose()
         raise
+    return Engine(settings, database, registry, store, metrics, streams, learner, started_at)
+
+
+def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> AppState:
+    """Everything the lifespan does before serving; blocking, so it runs off the event loop."""
+    engine = open_engine(settings, metrics, loader)
+    try:
+        # Before the streams resume: it fails the jobs a stopped service left running, and a
+        # resumed stream may start a fit (a job) at once.
+        runner = JobRunner(engine.database, settings)
+        runner.start()
+        if settings.bus_url is None:  # on the bus, the workers hold the streams
+            resume_streams(engine.database, engine.streams, metrics)
+    except BaseException:
+        engine.database.dispose()
+        raise
     return AppState(
         settings=settings,
-        database=database,
-        registry=registry,
-        store=store,
+        database=engine.database,
+        registry=engine.registry,
+        store=engine.store,
         loader=loader,
         metrics=metrics,
-        streams=streams,
-        learner=learner,
+        streams=engine.streams,
+        learner=engine.learner,
         jobs=runner,
-        started_at=started_at,
+        started_at=engine.started_at,
     )
 
 
@@ -164,8 +195,15 @@ def create_app(
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[LifespanState]:
         state = await anyio.to_thread.run_sync(open_state, settings, metrics, loader)
+        if settings.bus_url is not None:
+            state.bus = await open_bus(
+                settings.bus_url,
+                name=f"api-{worker_name()}",
+                partitions=settings.bus_partitions,
+                lease_s=settings.bus_lease_s,
+            )
         watch = None
-        if settings.stale_periods > 0:
+        if settings.stale_periods > 0 and state.bus is None:
             watch = StaleWatch(state.streams, metrics, periods=settings.stale_periods)
             watch.start()
         try:
@@ -175,6 +213,8 @@ def create_app(
         finally:
             if watch is not None:
                 await anyio.to_thread.run_sync(watch.stop)
+            if state.bus is not None:
+                await state.bus.close()
             try:
                 # A clean stop leaves nothing to replay at the next start (a fit in progress
                 # is finished; one queued is done again at the next start).

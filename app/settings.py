@@ -62,6 +62,33 @@ class Settings(BaseSettings):
         False,
         description="Reads need the API token (one token for everything); needs api_token.",
     )
+    bus_url: str | None = Field(
+        None,
+        description="nats://host:4222 of a NATS server with JetStream: readings go to "
+        "partitions there and `twinwatch worker` processes consume them (docs/scaling.md). "
+        "Empty: one process does everything.",
+    )
+    bus_partitions: int = Field(
+        64,
+        ge=1,
+        le=1024,
+        description="Partitions the readings are spread over on the bus; fixed when the bus is "
+        "first set up (a different number is refused then).",
+    )
+    bus_lease_s: float = Field(
+        5.0,
+        ge=2,
+        le=300,
+        description="How long a worker holds its partitions without a heartbeat; another takes "
+        "them over after it.",
+    )
+    bus_wait_s: float = Field(
+        10.0,
+        gt=0,
+        le=300,
+        description="How long a POST of readings waits for the committing worker's answer on "
+        "the bus before it answers 503 (the batch stays stored: safe to re-send).",
+    )
     max_batch: int = Field(
         10_000,
         ge=1,
@@ -119,9 +146,9 @@ class Settings(BaseSettings):
     def _lower_case(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("api_token", "read_token", mode="before")
+    @field_validator("api_token", "read_token", "bus_url", mode="before")
     @classmethod
-    def _empty_token_is_none(cls, value: object) -> object:
+    def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
 
     @field_validator("api_token", "read_token")

@@ -19,6 +19,7 @@ from starlette.datastructures import Headers
 from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.bus.jetstream import Bus
 from app.catalogue import LEARNED, load_learned, load_version
 from app.errors import DataError, UnauthorizedError
 from app.jobs.runner import JobRunner
@@ -47,6 +48,7 @@ class AppState:
     learner: Learner
     jobs: JobRunner
     started_at: datetime
+    bus: Bus | None = None  # with TWINWATCH_BUS_URL: readings go to the workers through it
 
     def model_version(self, session: Session, name: str, version: int) -> RegisteredModel:
         """A version of a model, loaded (from the artifact store the first time). NotFoundError

@@ -6,10 +6,13 @@ blocks the event loop. The request's session is the transaction: a 2xx answer me
 
 from __future__ import annotations
 
+import json
 import math
 import time
+from functools import partial
 from typing import Annotated, Any
 
+import anyio.from_thread
 import numpy as np
 from fastapi import APIRouter, Query, Response
 from pydantic_core import to_json
@@ -19,7 +22,16 @@ from app.api.bodies import json_body, json_body_openapi
 from app.api.deps import AppState, ReadAccess, SessionDep, SingleQueryValues, StateDep, WriteAccess
 from app.api.queries import TakenSinceQuery, TakenUntilQuery
 from app.api.streams import StreamIdPath
-from app.errors import AppError, ConflictError, DataError, NotFoundError, PayloadTooLargeError
+from app.bus.publisher import Batch, BusAwayError, NotAnsweredError, store_all, submit_all
+from app.errors import (
+    AppError,
+    ConflictError,
+    DataError,
+    NotFoundError,
+    PayloadTooLargeError,
+    UnavailableError,
+)
+from app.metrics import Metrics
 from app.schemas import (
     AlarmOut,
     ForecastOut,
@@ -30,12 +42,15 @@ from app.schemas import (
     ReadingsIn,
     ReadingsOut,
     Spread,
+    StreamReadingsIn,
     problem_responses,
 )
+from app.settings import Settings
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.history import bucketed
 from app.streams.ingest import VALUE, IngestOutcome, NewReadings, ingest
+from app.streams.live import LiveStreams
 
 router = APIRouter(prefix="/v1", tags=["readings"], dependencies=[ReadAccess, SingleQueryValues])
 
@@ -46,6 +61,13 @@ def _number(value: float) -> float | None:
 
 ReadingsBody = Annotated[ReadingsIn, json_body(ReadingsIn)]
 ManyReadingsBody = Annotated[ManyReadingsIn, json_body(ManyReadingsIn)]
+
+WaitQuery = Query(
+    True,
+    description="On the bus (TWINWATCH_BUS_URL): wait for the committing worker's answer "
+    "(the default); false answers 202 as soon as the bus has stored the batch. Without the "
+    "bus the answer always waits for the commit.",
+)
 
 ResultsQuery = Query(
     True,
@@ -87,7 +109,7 @@ def new_readings(items: list[tuple[str, list[ReadingIn]]]) -> NewReadings:
     )
 
 
-def _answer(outcome: IngestOutcome, with_results: bool, **extra: Any) -> dict[str, Any]:
+def answer_of(outcome: IngestOutcome, with_results: bool, **extra: Any) -> dict[str, Any]:
     """The answer as plain data, in the response model's field order (`ReadingsOut`, then
     `extra`), serialised once by pydantic-core: byte for byte what the model gives (the API
     tests check it), at half the cost of building a model per reading."""
@@ -123,25 +145,19 @@ def _answer(outcome: IngestOutcome, with_results: bool, **extra: Any) -> dict[st
     }
 
 
-def _ingest(
-    state: AppState, session: Session, items: list[tuple[str, list[ReadingIn]]]
+def ingest_request(
+    settings: Settings,
+    streams: LiveStreams,
+    metrics: Metrics,
+    session: Session,
+    items: list[tuple[str, list[ReadingIn]]],
 ) -> list[IngestOutcome]:
-    """Run the request's readings through ingest; count refused readings per stream."""
-    # A stream with no reading costs a lookup all the same: it counts as one.
-    count = sum(max(1, len(readings)) for _, readings in items)
+    """Run a request's readings through ingest (an API process's, or a bus worker's for the
+    batches it consumes); count refused readings per stream."""
     try:
-        if count > state.settings.max_batch:
-            raise PayloadTooLargeError(
-                f"{count} readings in one request (a stream without readings counts as one); "
-                f"at most {state.settings.max_batch}",
-                reason="too_large",
-            )
+        _check_size(settings, items)
         return ingest(
-            session,
-            state.streams,
-            state.metrics,
-            new_readings(items),
-            max_future_s=state.settings.max_future_s,
+            session, streams, metrics, new_readings(items), max_future_s=settings.max_future_s
         )
     except NotFoundError:
         raise
@@ -151,8 +167,93 @@ def _ingest(
             blamed = exc.extra.get("stream")
             for stream_id, readings in items:
                 if blamed is None or stream_id == blamed:
-                    state.metrics.reject(stream_id, reason, len(readings))
+                    metrics.reject(stream_id, reason, len(readings))
         raise
+
+
+def _check_size(settings: Settings, items: list[tuple[str, list[ReadingIn]]]) -> None:
+    # A stream with no reading costs a lookup all the same: it counts as one.
+    count = sum(max(1, len(readings)) for _, readings in items)
+    if count > settings.max_batch:
+        raise PayloadTooLargeError(
+            f"{count} readings in one request (a stream without readings counts as one); "
+            f"at most {settings.max_batch}",
+            reason="too_large",
+        )
+
+
+def on_the_bus(
+    state: AppState,
+    items: list[tuple[str, list[ReadingIn]]],
+    with_results: bool,
+    wait: bool,
+    started: float,
+    *,
+    many: bool = False,
+) -> Response:
+    """A request's readings published to the bus, one batch a stream, and (`wait`) the answers
+    of the workers that commit them, as the embedded service would have answered."""
+    assert state.bus is not None
+    _check_size(state.settings, items)
+    batches = [
+        Batch(
+            stream_id,
+            StreamReadingsIn.model_construct(stream=stream_id, readings=readings)
+            .model_dump_json()
+            .encode(),
+            reading_repo.micros([reading.t for reading in readings]),
+        )
+        for stream_id, readings in items
+    ]
+    try:
+        if not wait:
+            anyio.from_thread.run(store_all, state.bus, batches)
+            return Response(to_json({"stored": len(batches)}), 202, media_type="application/json")
+        answers = anyio.from_thread.run(
+            partial(
+                submit_all,
+                state.bus,
+                batches,
+                with_results=with_results,
+                wait_s=state.settings.bus_wait_s,
+            )
+        )
+    except BusAwayError as exc:
+        raise UnavailableError(
+            f"the bus (NATS) did not confirm it stored the readings ({exc}): send them again "
+            "(a copy it did store is committed once)"
+        ) from None
+    except NotAnsweredError:
+        raise UnavailableError(
+            f"no worker committed the readings within {state.settings.bus_wait_s:g} s; they "
+            "are stored on the bus and will be committed once: sending them again is safe"
+        ) from None
+    failed = next((answer for answer in answers if answer.status != 200), None)
+    headers = {RESULTS_OMITTED: "1"} if any(a.results_omitted for a in answers) else None
+    if failed is not None:  # on the bus the other streams' batches may be committed
+        return Response(failed.body, failed.status, media_type=failed.media_type)
+    if not many:
+        state.metrics.ingest_duration.observe(time.perf_counter() - started)
+        return Response(answers[0].body, headers=headers, media_type="application/json")
+    answer = {
+        "streams": [
+            {**json.loads(a.body), "stream": stream_id}
+            for a, (stream_id, _) in zip(answers, items, strict=True)
+        ]
+    }
+    state.metrics.ingest_duration.observe(time.perf_counter() - started)
+    return Response(to_json(answer), headers=headers, media_type="application/json")
+
+
+RESULTS_OMITTED = "Twinwatch-Results-Omitted"
+"""Set on an answer from the bus whose results would not fit in a message there: the readings
+are committed, and GET .../readings has their forecasts and statistics."""
+
+
+def _ingest(
+    state: AppState, session: Session, items: list[tuple[str, list[ReadingIn]]]
+) -> list[IngestOutcome]:
+    return ingest_request(state.settings, state.streams, state.metrics, session, items)
 
 
 def _respond(state: AppState, answer: dict[str, Any], started: float) -> Response:
@@ -178,6 +279,7 @@ def post_readings(
     session: SessionDep,
     body: ReadingsBody,
     results: bool = ResultsQuery,
+    wait: bool = WaitQuery,
 ) -> Response:
     """Process the readings in time order and commit them with the alarms they open or close.
 
@@ -186,9 +288,11 @@ def post_readings(
     changed value for an accepted time, is refused with 409 and changes nothing.
     """
     started = time.perf_counter()
+    if state.bus is not None:
+        return on_the_bus(state, [(stream_id, body.readings)], results, wait, started)
     outcomes = _ingest(state, session, [(stream_id, body.readings)])
     session.commit()  # here, in the handler's thread (see `SessionDep`)
-    return _respond(state, _answer(outcomes[0], results), started)
+    return _respond(state, answer_of(outcomes[0], results), started)
 
 
 @router.post(
@@ -201,19 +305,26 @@ def post_readings(
     openapi_extra=json_body_openapi(ManyReadingsIn),
 )
 def post_many_readings(
-    state: StateDep, session: SessionDep, body: ManyReadingsBody, results: bool = ResultsQuery
+    state: StateDep,
+    session: SessionDep,
+    body: ManyReadingsBody,
+    results: bool = ResultsQuery,
+    wait: bool = WaitQuery,
 ) -> Response:
     """What a gateway sends each tick: a batch for each of many streams, in one transaction
     (all or nothing, each stream with the rules of its own endpoint). Streams of one model with
     one reading each are forecast together in one batched call. A problem names the stream it
-    is about in `stream`.
+    is about in `stream`. (On the bus, each stream's batch commits on its own.)
     """
     started = time.perf_counter()
+    if state.bus is not None:
+        items = [(item.stream, item.readings) for item in body.streams]
+        return on_the_bus(state, items, results, wait, started, many=True)
     outcomes = _ingest(state, session, [(item.stream, item.readings) for item in body.streams])
     session.commit()  # here, in the handler's thread (see `SessionDep`)
     answer = {
         "streams": [
-            _answer(outcome, results, stream=item.stream)
+            answer_of(outcome, results, stream=item.stream)
             for item, outcome in zip(body.streams, outcomes, strict=True)
         ]
     }

@@ -43,6 +43,7 @@ def build_cli() -> typer.Typer:
     root.command("train")(train.train_command)
     root.command("calibrate")(monitoring.calibrate_command)
     root.command("serve")(service.serve_command)
+    root.command("worker")(service.worker_command)
     root.command("twin")(twin.twin_command)
     root.command("demo")(twin.demo_command)
 

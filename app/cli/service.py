@@ -96,3 +96,27 @@ def db_current_command() -> None:
 
 def _describe(revisions: tuple[str, ...]) -> str:
     return ", ".join(revisions) if revisions else "base (no schema)"
+
+
+def worker_command(
+    metrics_port: Annotated[
+        int,
+        typer.Option(help="Port of this worker's /metrics for Prometheus (0: none)."),
+    ] = 9100,
+    name: Annotated[
+        str | None,
+        typer.Option(help="This worker's name on the bus (default: host, process id, random)."),
+    ] = None,
+) -> None:
+    """Process the readings of the bus's partitions this worker leases (TWINWATCH_BUS_URL).
+
+    Start any number: they share the partitions, and take over those of one that stops. Each
+    commits to TWINWATCH_DATABASE_URL (PostgreSQL) before it acknowledges a batch.
+    """
+    import asyncio
+
+    from app.bus.worker import run_worker
+
+    settings = load_settings()
+    configure_logging(settings)
+    asyncio.run(run_worker(settings, metrics_port=metrics_port or None, name=name))

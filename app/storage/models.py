@@ -350,3 +350,14 @@ class ReadingBatch(Base):
         # Re-sends look batches up by time.
         Index("ix_reading_batches_stream_id_last_t", "stream_id", "last_t"),
     )
+
+
+class BusPartition(Base):
+    """A bus partition's fence (`app/bus/leases.py`): the lease revision of the last commit
+    for it. A commit must carry a revision at least this one, so a worker that lost the lease
+    while paused cannot write after the partition's new owner."""
+
+    __tablename__ = "bus_partitions"
+
+    partition: Mapped[int] = mapped_column(Integer(), primary_key=True, autoincrement=False)
+    lease_revision: Mapped[int] = mapped_column(BigInteger())

@@ -147,6 +147,7 @@ class LiveStreams:
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         retention: timedelta | None = None,
         store: ArtifactStore | None = None,
+        follower: bool = False,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError("checkpoint_every must be at least 1")
@@ -158,6 +159,9 @@ class LiveStreams:
         # never one a restart would replay; None keeps them all.
         self.retention = retention
         self.store = store  # where the versions streams learn keep their artifacts
+        # An API process on the bus processes no reading: each read restores the stream from
+        # what the workers committed (its checkpoint and the readings after it).
+        self.follower = follower
         self._slots: dict[str, _Slot] = {}
         self._guard = threading.Lock()
         self._recurrences: dict[tuple[str, str, str], Recurrence] = {}
@@ -425,11 +429,24 @@ class LiveStreams:
         there (so nothing is ever replayed under a configuration its readings were not processed
         with) and restored under the new configuration on its next touch."""
         live = self.hold(session, [stream_id])[0]
+        self._refuse_on_the_bus(live, "changing its configuration")
         if live.state.samples:
             self.checkpoint(session, live, force=False)
         pending = _pending(session)
         pending.restored.pop(stream_id, None)
         pending.held[stream_id].live = None
+
+    def _refuse_on_the_bus(self, live: LiveStream | None, change: str) -> None:
+        """On the bus a stream's state is its worker's: an API process may not change it (the
+        worker would carry on under what it holds)."""
+        if self.follower and live is not None and live.state.samples:
+            raise ConflictError(
+                f"stream {live.stream_id!r} has readings and runs on the bus, whose workers hold "
+                f"its state: {change} is not possible there yet. Stop the workers, make the "
+                "change through a `twinwatch serve` without TWINWATCH_BUS_URL on the same "
+                "database, then start them again (docs/scaling.md)",
+                stream=live.stream_id,
+            )
 
     def adopt(
         self,
@@ -598,6 +615,7 @@ class LiveStreams:
             live: LiveStream | None = self.hold(session, [stream_id])[0]
         except (ArtifactError, DataError):  # what it runs cannot: it can still be switched off
             live = None  # (held all the same: `hold` took its lock before restoring it)
+        self._refuse_on_the_bus(live, "switching its model")
         stream = stream_repo.require(session, stream_id, for_update=True)
         recurrence = self.target_recurrence(stream, target)  # (its configuration, locked)
         if live is not None and live.learning is not None:
@@ -693,6 +711,8 @@ class LiveStreams:
     def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
         """Write the stream's state (and its row's reading count), unless `force` is False and
         it is saved already. Call it holding the stream."""
+        if self.follower:
+            return False  # the workers own the streams' checkpoints
         state = live.state
         if not force:
             saved = checkpoint_repo.get(session, live.stream_id)
@@ -772,6 +792,8 @@ class LiveStreams:
 
     def read(self, session: Session, stream: Stream) -> LiveStream:
         """The stream's live state for a read: held until `session` ends."""
+        if self.follower:
+            self.forget(stream.id)
         return self.hold(session, [stream.id])[0]
 
     def history(

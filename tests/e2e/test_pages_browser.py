@@ -27,7 +27,7 @@ import pytest
 
 from app.simulation.faults import LAB_FAULTS, FaultType
 from tests.e2e.conftest import ServerFactory, new_database
-from tests.support.models import epoch_times, lab_series
+from tests.support.models import lab_readings
 
 CHROMIUM = shutil.which("chromium")
 TOKEN = "browser-test-token-of-32-characters"
@@ -71,14 +71,6 @@ def both_schemes_and_nothing_from_elsewhere(page: Any, base_url: str, requested:
     assert requested and all(url.startswith(base_url) for url in requested), requested
 
 
-def readings(first: int, stop: int) -> dict[str, Any]:
-    times = epoch_times(first, stop)
-    values = lab_series().value[first:stop]
-    return {
-        "readings": [{"t": float(t), "value": float(v)} for t, v in zip(times, values, strict=True)]
-    }
-
-
 def test_the_streams_page_in_a_browser(
     make_server: ServerFactory, databases: Any, tmp_path: Path, browser: Any
 ) -> None:
@@ -105,7 +97,7 @@ def test_the_streams_page_in_a_browser(
     assert "No reading yet" in followed.locator("#chart-status").inner_text()
 
     # It learns: after a reload it monitors, under version 1 of what it learned.
-    assert api.post("/v1/streams/pump-1/readings", json=readings(0, 1000)).status_code == 200
+    assert api.post("/v1/streams/pump-1/readings", json=lab_readings(0, 1000)).status_code == 200
     deadline = time.monotonic() + 60
     while api.get("/v1/streams/pump-1").json()["phase"] != "monitoring":
         assert time.monotonic() < deadline, "the stream did not learn"
@@ -173,7 +165,7 @@ def test_the_chart_and_the_alarms_page_in_a_browser(
     assert api.put("/v1/streams/pump-1", json={}).status_code == 201
     for first in range(0, 8000, 2000):
         posted = api.post(
-            "/v1/streams/pump-1/readings?results=false", json=readings(first, first + 2000)
+            "/v1/streams/pump-1/readings?results=false", json=lab_readings(first, first + 2000)
         )
         assert posted.status_code == 200, posted.text
     alarms = api.get("/v1/alarms", params={"stream": "pump-1", "limit": 1000}).json()["items"]

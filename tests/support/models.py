@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -60,3 +61,12 @@ def stateful_lab_model(models_dir: Path, name: str = "lstm-stateful-lab") -> Pat
     )
     calibrate(target, LAB_CSV, "6000:7000")
     return target
+
+
+def lab_readings(first: int, stop: int) -> dict[str, Any]:
+    """Readings `first`..`stop` of the lab record (from its start again past its end)."""
+    record = lab_series().value
+    times = epoch_times(first, stop)
+    values = record[np.arange(first, stop) % record.shape[0]]
+    readings = [{"t": float(t), "value": float(v)} for t, v in zip(times, values, strict=True)]
+    return {"readings": readings}

@@ -1,0 +1,1 @@
+"""Scale-out on NATS JetStream: readings published to partitions, workers that lease them."""

@@ -1,0 +1,115 @@
+"""Which worker owns which partition: leases in a JetStream key-value bucket whose entries
+expire `lease_s` after they were last written.
+
+A worker announces itself (`w.<id>`) and holds each of its partitions by a key (`p.<n>`), both
+written again at every heartbeat; a partition's key is only ever created where none is, and
+written again only at the revision its holder last saw, so two workers never both hold it. A
+worker that stops beating loses its leases when they expire, and the others take the partitions
+(each aims at its fair share: the partitions over the live workers, rounded up; one holding more
+gives the surplus back, so a worker that joins gets its share).
+
+The revision of a partition's key grows with every write to the bucket, so it also fences the
+database: each commit for a partition must carry a revision at least the last one committed
+(`storage/repositories/bus.py`). A worker that was paused past its lease (a stop, a partition
+of the network) and wakes to commit is refused there, before it learns it lost the lease."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from dataclasses import dataclass, field
+
+from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.kv import KeyValue
+
+log = logging.getLogger(__name__)
+
+WORKER_PREFIX = "w."
+PARTITION_PREFIX = "p."
+
+
+@dataclass
+class Changes:
+    gained: list[int] = field(default_factory=list)
+    lost: list[int] = field(default_factory=list)
+
+
+def fair_share(partitions: int, workers: int) -> int:
+    return math.ceil(partitions / max(1, workers))
+
+
+class Leases:
+    """This worker's leases: `held` maps each partition it holds to its key's revision."""
+
+    def __init__(self, bucket: KeyValue, worker_id: str, partitions: int) -> None:
+        self.bucket = bucket
+        self.worker_id = worker_id
+        self.partitions = partitions
+        self.held: dict[int, int] = {}
+
+    async def beat(self) -> Changes:
+        """Announce this worker, renew its leases, give back a surplus or take free partitions
+        up to its fair share. What it gained and lost (a lease it could not renew)."""
+        changes = Changes()
+        await self.bucket.put(WORKER_PREFIX + self.worker_id, b"")
+        for partition, revision in sorted(self.held.items()):
+            try:
+                self.held[partition] = await self.bucket.update(
+                    _key(partition), self.worker_id.encode(), last=revision
+                )
+            except (KeyWrongLastSequenceError, KeyNotFoundError):
+                del self.held[partition]  # expired, and perhaps taken since
+                changes.lost.append(partition)
+        keys = await self._keys()
+        workers = sum(1 for key in keys if key.startswith(WORKER_PREFIX))
+        share = fair_share(self.partitions, workers)
+        for partition in sorted(self.held, reverse=True)[: max(0, len(self.held) - share)]:
+            await self.release(partition)
+            changes.lost.append(partition)
+        taken = {
+            int(key[len(PARTITION_PREFIX) :]) for key in keys if key.startswith(PARTITION_PREFIX)
+        }
+        for partition in range(self.partitions):
+            if len(self.held) >= share:
+                break
+            if partition in taken or partition in self.held:
+                continue
+            try:
+                self.held[partition] = await self.bucket.create(
+                    _key(partition), self.worker_id.encode()
+                )
+            except KeyWrongLastSequenceError:
+                continue  # another worker was quicker
+            changes.gained.append(partition)
+        if changes.gained or changes.lost:
+            log.info(
+                "worker %s: gained partitions %s, lost %s; holds %d",
+                self.worker_id,
+                changes.gained,
+                changes.lost,
+                len(self.held),
+            )
+        return changes
+
+    async def release(self, partition: int) -> None:
+        """Give a partition back at once (a surplus, or at a clean stop)."""
+        revision = self.held.pop(partition)
+        with contextlib.suppress(KeyWrongLastSequenceError, KeyNotFoundError):  # expired
+            await self.bucket.delete(_key(partition), last=revision)
+
+    async def release_all(self) -> None:
+        for partition in list(self.held):
+            await self.release(partition)
+        with contextlib.suppress(KeyNotFoundError):
+            await self.bucket.delete(WORKER_PREFIX + self.worker_id)
+
+    async def _keys(self) -> list[str]:
+        try:
+            return list(await self.bucket.keys())
+        except NoKeysError:
+            return []
+
+
+def _key(partition: int) -> str:
+    return f"{PARTITION_PREFIX}{partition}"

@@ -1,0 +1,198 @@
+"""`twinwatch serve` and `twinwatch worker` processes on a NATS server with JetStream (a test's
+own `nats-server`) and PostgreSQL:
+
+- on the bus, `serve` answers a POST of readings byte for byte as the embedded service does
+  (the lab record, its alarms); `?wait=false` answers 202 once the bus holds the batch; with no
+  worker, a POST answers 503 (Retry-After, safe to re-send) and its batch is committed once a
+  worker comes;
+- a worker SIGKILLed while readings pour in loses nothing and doubles nothing, and the survivor
+  has taken its partitions over within 10 s."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from app.bus.jetstream import open_bus
+from app.bus.publisher import NotAnsweredError, submit
+from app.storage.db import Database
+from app.storage.repositories import readings as reading_repo
+from tests.e2e.conftest import ServerFactory, new_database
+from tests.support.bus import (
+    LEASE_S,
+    PARTITIONS,
+    WorkerProcess,
+    until_held,
+    worker_env,
+)
+from tests.support.models import epoch_times, lab_readings, lab_series
+from tests.support.nats import NatsServer, nats_server
+
+STREAMS = [f"pump-{index}" for index in range(8)]
+BATCH = 50
+BATCHES = 40  # 2,000 readings a stream
+TAKEOVER_LIMIT_S = 10.0
+
+
+def body_of(stream: str, first: int) -> tuple[bytes, np.ndarray]:
+    times = epoch_times(first, first + BATCH)
+    values = lab_series().value[first : first + BATCH]
+    readings = [{"t": float(t), "value": float(v)} for t, v in zip(times, values, strict=True)]
+    micros = np.array([round(t * 1e6) for t in times], dtype=np.int64)
+    return json.dumps({"stream": stream, "readings": readings}).encode(), micros
+
+
+async def pour(url: str, kill: WorkerProcess, survivor: str) -> float:
+    """Every stream's batches, in order per stream, the streams side by side; the first worker
+    SIGKILLed halfway. How long the survivor took to hold every partition."""
+    api = await open_bus(url, name="api", partitions=PARTITIONS, lease_s=LEASE_S)
+    killed = asyncio.Event()
+    takeover: list[float] = []
+
+    async def stream_batches(stream: str) -> None:
+        for index in range(BATCHES):
+            if index == BATCHES // 2 and not killed.is_set():
+                killed.set()
+                kill.end(signal.SIGKILL)
+                takeover.append(
+                    await until_held(
+                        url,
+                        lambda held: len(held) == PARTITIONS and set(held.values()) == {survivor},
+                        TAKEOVER_LIMIT_S + LEASE_S,
+                    )
+                )
+            body, times = body_of(stream, index * BATCH)
+            try:
+                answer = await submit(api, stream, body, times, with_results=False, wait_s=30)
+            except NotAnsweredError:
+                continue  # stored on the bus: committed once, whoever commits it
+            assert answer.status == 200, answer.body
+
+    try:
+        await asyncio.gather(*(stream_batches(stream) for stream in STREAMS))
+    finally:
+        await api.close()
+    return takeover[0]
+
+
+def test_on_the_bus_serve_answers_as_the_embedded_service(
+    make_server: ServerFactory, databases: ExitStack, tmp_path: Path, calibrated_models: Path
+) -> None:
+    embedded = make_server("embedded", new_database(databases, "postgresql", tmp_path))
+    embedded.start()
+    alone = httpx.Client(base_url=embedded.base_url, timeout=120)
+    with ExitStack() as stack:
+        nats: NatsServer = stack.enter_context(nats_server(tmp_path))
+        database_url = new_database(databases, "postgresql", tmp_path)
+        env = worker_env(database_url, nats.url, calibrated_models, tmp_path / "worker-data")
+        api = make_server("on-the-bus", database_url)
+        api.env |= {key: env[key] for key in env if key.startswith("TWINWATCH_BUS_")}
+        api.env["TWINWATCH_BUS_WAIT_S"] = "3"
+        api.start()
+        bus = httpx.Client(base_url=api.base_url, timeout=120)
+        worker = WorkerProcess("worker", env, tmp_path)
+        stack.callback(lambda: worker.end(signal.SIGKILL))
+        asyncio.run(until_held(nats.url, lambda held: len(held) == PARTITIONS, 90))
+
+        for client in (alone, bus):
+            assert client.put("/v1/streams/pump-1", json={}).status_code == 201
+        for first in range(0, 8000, 500):
+            expected = alone.post(
+                "/v1/streams/pump-1/readings", json=lab_readings(first, first + 500)
+            )
+            answer = bus.post("/v1/streams/pump-1/readings", json=lab_readings(first, first + 500))
+            assert (answer.status_code, answer.content) == (expected.status_code, expected.content)
+        assert len(bus.get("/v1/alarms", params={"limit": 1000}).json()["items"]) == len(
+            alone.get("/v1/alarms", params={"limit": 1000}).json()["items"]
+        )
+        missing = bus.post("/v1/streams/nobody/readings", json=lab_readings(0, 3))
+        assert missing.status_code == 404
+        assert missing.headers["content-type"] == "application/problem+json"
+        described = bus.get("/v1/streams/pump-1").json()
+        assert described["samples_seen"] == 8000
+        # Its workers hold its state: the API does not change it behind them (yet).
+        changed = bus.put("/v1/streams/pump-1", json={"detectors": {"point": {"threshold": 9}}})
+        assert changed.status_code == 409 and "runs on the bus" in changed.json()["detail"]
+
+        # Not waiting: stored on the bus, committed by the worker.
+        stored = bus.post("/v1/streams/pump-1/readings?wait=false", json=lab_readings(8000, 8100))
+        assert stored.status_code == 202 and stored.json() == {"stored": 1}
+        deadline = time.monotonic() + 30
+        while bus.get("/v1/streams/pump-1").json()["samples_seen"] != 8100:
+            assert time.monotonic() < deadline, "the stored batch was not committed"
+            time.sleep(0.2)
+
+        # No worker: 503, safe to re-send; the batch is committed once a worker comes.
+        worker.end(signal.SIGTERM)
+        waiting = bus.post("/v1/streams/pump-1/readings", json=lab_readings(8100, 8200))
+        assert waiting.status_code == 503 and waiting.headers["retry-after"]
+        assert "safe" in waiting.json()["detail"]
+        worker = WorkerProcess("worker-again", env, tmp_path)
+        asyncio.run(
+            until_held(
+                nats.url,
+                lambda held: len(held) == PARTITIONS and set(held.values()) == {"worker-again"},
+                90,
+            )
+        )
+        again = bus.post("/v1/streams/pump-1/readings", json=lab_readings(8100, 8200))
+        assert again.status_code == 200, again.text
+        assert (again.json()["accepted"], again.json()["duplicates"]) == (0, 100)
+        assert bus.get("/v1/streams/pump-1").json()["samples_seen"] == 8200
+    api.stop()
+    embedded.stop()
+
+
+def test_a_killed_worker_loses_nothing_and_its_partitions_move(
+    make_server: ServerFactory, databases: ExitStack, tmp_path: Path, calibrated_models: Path
+) -> None:
+    database_url = new_database(databases, "postgresql", tmp_path)
+    server = make_server("config", database_url)
+    server.start()  # migrates, registers the models; the streams are configured through it
+    api = httpx.Client(base_url=server.base_url, timeout=60)
+    for stream in STREAMS:
+        assert api.put(f"/v1/streams/{stream}", json={}).status_code == 201
+    server.stop()
+
+    with ExitStack() as stack:
+        nats: NatsServer = stack.enter_context(nats_server(tmp_path))
+        env = worker_env(database_url, nats.url, calibrated_models, tmp_path / "worker-data")
+        first = WorkerProcess("worker-a", env, tmp_path)
+        stack.callback(first.end, signal.SIGKILL)
+        second = WorkerProcess("worker-b", env, tmp_path)
+        stack.callback(second.end, signal.SIGTERM)
+        asyncio.run(
+            until_held(
+                nats.url,
+                lambda held: len(held) == PARTITIONS and len(set(held.values())) == 2,
+                90,
+            )
+        )
+        took = asyncio.run(pour(nats.url, first, "worker-b"))
+        assert took < TAKEOVER_LIMIT_S
+
+        # Every batch committed exactly once: the readings stored are the readings sent.
+        database = Database(database_url)
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                with database.session() as session:
+                    counts = {s: reading_repo.count(session, stream_id=s) for s in STREAMS}
+                if all(count == BATCH * BATCHES for count in counts.values()):
+                    break
+                assert time.monotonic() < deadline, counts
+                time.sleep(0.5)
+            with database.session() as session:
+                for stream in STREAMS:
+                    stored = reading_repo.all_times(session, stream_id=stream)
+                    expected = np.array([round(t * 1e6) for t in epoch_times(0, BATCH * BATCHES)])
+                    assert np.array_equal(stored, expected), stream
+        finally:
+            database.dispose()

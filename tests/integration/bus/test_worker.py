@@ -1,0 +1,232 @@
+"""Workers on a real NATS server with JetStream (a test's own `nats-server`) and the test
+database: a published batch is committed by the worker that leases its partition and answered
+as the embedded service answers it; a re-sent batch is not processed twice; two workers share
+the partitions, and one that stops beating has its partitions taken over with nothing lost; a
+worker that lost its lease cannot commit for the partition (the fence)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from app.bus.jetstream import open_bus
+from app.bus.leases import Leases
+from app.bus.messages import Answer
+from app.bus.publisher import submit
+from app.bus.worker import Worker
+from app.main import Engine, open_engine
+from app.metrics import Metrics
+from app.settings import Settings
+from app.storage.db import Database
+from app.storage.repositories import bus as bus_repo
+from app.storage.repositories import readings as reading_repo
+from app.storage.repositories.bus import FencedError
+from tests.integration.conftest import T0, fake_loader, make_stream
+from tests.support.nats import NatsServer, nats_server
+
+PARTITIONS = 8
+LEASE_S = 2.0
+WAIT_S = 20.0
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture
+def nats(tmp_path: Path) -> Iterator[NatsServer]:
+    with nats_server(tmp_path) as server:
+        yield server
+
+
+def batch(stream: str, first: int, count: int, *, swing: float = 0.0) -> tuple[bytes, np.ndarray]:
+    """Readings `first`.. of a flat signal, every other one `swing` higher; the body and the
+    readings' times (microseconds)."""
+    times = [T0.timestamp() + i / 10 for i in range(first, first + count)]
+    values = [swing * (i % 2) for i in range(first, first + count)]
+    body = {
+        "stream": stream,
+        "readings": [{"t": t, "value": v} for t, v in zip(times, values, strict=True)],
+    }
+    micros = np.array([round(t * 1e6) for t in times], dtype=np.int64)
+    return json.dumps(body).encode(), micros
+
+
+def engine_for(database: Database, models_dir: Path, tmp_path: Path) -> Engine:
+    settings = Settings(
+        database_url=database.url,
+        models_dir=models_dir,
+        default_model="lstm-seed0",
+        data_dir=tmp_path / "data",
+        migrate_on_start=False,
+        shipped_models=False,
+        stale_periods=0,
+    )
+    return open_engine(settings, Metrics(), fake_loader)
+
+
+@asynccontextmanager
+async def running(engine: Engine, url: str, name: str) -> AsyncIterator[Worker]:
+    """A worker consuming until the block ends (a clean stop: its leases given back)."""
+    bus = await open_bus(url, name=name, partitions=PARTITIONS, lease_s=LEASE_S)
+    worker = Worker(engine, bus, name)
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        yield worker
+    finally:
+        stop.set()
+        await task
+        await bus.close()
+
+
+async def until(condition: Any, what: str, limit_s: float = WAIT_S) -> None:
+    deadline = asyncio.get_running_loop().time() + limit_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+def answered(answer: Answer) -> dict[str, Any]:
+    body = json.loads(answer.body)
+    assert isinstance(body, dict)
+    return body
+
+
+@pytest.mark.anyio
+async def test_a_worker_commits_and_answers_what_is_published(
+    nats: NatsServer, database: Database, models_dir: Path, tmp_path: Path
+) -> None:
+    with database.session() as session:
+        make_stream(session, "pump-1")
+    engine = engine_for(database, models_dir, tmp_path)
+    api = await open_bus(nats.url, name="api", partitions=PARTITIONS, lease_s=LEASE_S)
+    try:
+        async with running(engine, nats.url, "worker-a") as worker:
+            await until(lambda: len(worker.leases.held) == PARTITIONS, "the worker took them")
+            body, times = batch("pump-1", 0, 40)
+            first = answered(
+                await submit(api, "pump-1", body, times, with_results=True, wait_s=WAIT_S)
+            )
+            assert first["accepted"] == 40 and len(first["results"]) == 40
+            # A swing the persistence forecast misses: the point detector's alarm, answered.
+            body, times = batch("pump-1", 40, 20, swing=5.0)
+            swung = answered(
+                await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
+            )
+            assert swung["results"] == []
+            assert {"point", "rolling_rms"} == {a["detector"] for a in swung["opened"]}
+            # The same batch again: JetStream keeps one copy of the first; this one is answered
+            # as a re-send.
+            resent = answered(
+                await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
+            )
+            assert (resent["accepted"], resent["duplicates"], resent["opened"]) == (0, 20, [])
+            # With one more reading it is a new batch: its old readings are duplicates.
+            body, times = batch("pump-1", 40, 21, swing=5.0)
+            again = answered(
+                await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
+            )
+            assert (again["accepted"], again["duplicates"]) == (1, 20)
+            # What the embedded service refuses, the worker answers the same way.
+            body, times = batch("nobody", 0, 3)
+            unknown = await submit(api, "nobody", body, times, with_results=False, wait_s=WAIT_S)
+            assert unknown.status == 404 and unknown.media_type == "application/problem+json"
+            body, times = batch("pump-1", 0, 3, swing=9.0)  # accepted times, other values
+            late = await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
+            assert late.status == 409
+    finally:
+        await api.close()
+    with database.session() as session:
+        assert reading_repo.count(session, stream_id="pump-1") == 61
+
+
+@pytest.mark.anyio
+async def test_workers_share_the_partitions_and_take_over_a_stopped_one(
+    nats: NatsServer, database: Database, models_dir: Path, tmp_path: Path
+) -> None:
+    streams = [f"pump-{index}" for index in range(16)]
+    with database.session() as session:
+        for stream in streams:
+            make_stream(session, stream)
+    engines = [engine_for(database, models_dir, tmp_path / name) for name in ("a", "b")]
+    api = await open_bus(nats.url, name="api", partitions=PARTITIONS, lease_s=LEASE_S)
+    sent = dict.fromkeys(streams, 0)
+
+    async def send_round(count: int) -> None:
+        async def one(stream: str) -> None:
+            body, times = batch(stream, sent[stream], count)
+            answer = await submit(api, stream, body, times, with_results=False, wait_s=WAIT_S)
+            assert answer.status == 200 and answered(answer)["accepted"] == count, answer
+            sent[stream] += count
+
+        await asyncio.gather(*(one(stream) for stream in streams))
+
+    try:
+        async with running(engines[0], nats.url, "worker-a") as a:
+            await until(lambda: len(a.leases.held) == PARTITIONS, "a took every partition")
+            b_bus = await open_bus(
+                nats.url, name="worker-b", partitions=PARTITIONS, lease_s=LEASE_S
+            )
+            b = Worker(engines[1], b_bus, "worker-b")
+            b_stop = asyncio.Event()
+            b_task = asyncio.create_task(b.run(b_stop))
+            await until(
+                lambda: len(a.leases.held) == len(b.leases.held) == PARTITIONS // 2,
+                "a gave b its share",
+            )
+            assert not set(a.leases.held) & set(b.leases.held)
+            await send_round(10)
+            assert a.committed and b.committed
+            # b stops beating and consuming at once (as if killed): its leases expire, and a
+            # takes its partitions back, resuming each stream from what b committed.
+            b_task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await b_task
+            await b_bus.connection.close()
+            await until(lambda: len(a.leases.held) == PARTITIONS, "a took b's partitions over")
+            await send_round(10)
+    finally:
+        await api.close()
+    with database.session() as session:
+        for stream in streams:
+            assert reading_repo.count(session, stream_id=stream) == sent[stream] == 20, stream
+
+
+@pytest.mark.anyio
+async def test_a_worker_that_lost_its_lease_cannot_commit(
+    nats: NatsServer, database: Database
+) -> None:
+    first = await open_bus(nats.url, name="first", partitions=PARTITIONS, lease_s=LEASE_S)
+    second = await open_bus(nats.url, name="second", partitions=PARTITIONS, lease_s=LEASE_S)
+    try:
+        old = Leases(first.leases, "old", PARTITIONS)
+        await old.beat()
+        stale = old.held[0]
+        with database.session() as session:
+            bus_repo.prepare(session, PARTITIONS)
+        with database.session() as session:
+            bus_repo.fence(session, 0, stale)
+        # It stops beating (paused) past its lease; another worker takes the partition.
+        await asyncio.sleep(LEASE_S + 0.5)
+        new = Leases(second.leases, "new", PARTITIONS)
+        await new.beat()
+        assert new.held[0] > stale
+        with database.session() as session:
+            bus_repo.fence(session, 0, new.held[0])
+        # The old one wakes and commits: refused, before it even learns it lost the lease.
+        with pytest.raises(FencedError), database.session() as session:
+            bus_repo.fence(session, 0, stale)
+        lost = await old.beat()
+        assert 0 in lost.lost and 0 not in old.held
+    finally:
+        await first.close()
+        await second.close()
