@@ -72,9 +72,13 @@ class Engine:
     started_at: datetime
 
 
-def open_engine(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> Engine:
+def open_engine(
+    settings: Settings, metrics: Metrics, loader: ArtifactLoader, *, follower: bool = False
+) -> Engine:
     """The database (migrated if asked), the models registered in it, and the streams' engine;
-    blocking. The caller disposes of `database` if what follows fails."""
+    blocking. `follower`: an API process on the bus, which reads streams and never processes
+    or checkpoints one (the workers do). The caller disposes of `database` if what follows
+    fails."""
     use_one_thread()
     settings.prepare_directories()
     if settings.migrate_on_start:
@@ -96,7 +100,7 @@ def open_engine(settings: Settings, metrics: Metrics, loader: ArtifactLoader) ->
             checkpoint_every=settings.checkpoint_every,
             retention=None if retention is None else timedelta(days=retention),
             store=store,
-            follower=settings.bus_url is not None,
+            follower=follower,
         )
         learner = Learner(
             streams,
@@ -112,7 +116,7 @@ def open_engine(settings: Settings, metrics: Metrics, loader: ArtifactLoader) ->
 
 def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> AppState:
     """Everything the lifespan does before serving; blocking, so it runs off the event loop."""
-    engine = open_engine(settings, metrics, loader)
+    engine = open_engine(settings, metrics, loader, follower=settings.bus_url is not None)
     try:
         # Before the streams resume: it fails the jobs a stopped service left running, and a
         # resumed stream may start a fit (a job) at once.
@@ -201,6 +205,7 @@ def create_app(
                 name=f"api-{worker_name()}",
                 partitions=settings.bus_partitions,
                 lease_s=settings.bus_lease_s,
+                replicas=settings.bus_replicas,
             )
         watch = None
         if settings.stale_periods > 0 and state.bus is None:

@@ -82,6 +82,13 @@ class Settings(BaseSettings):
         description="How long a worker holds its partitions without a heartbeat; another takes "
         "them over after it.",
     )
+    bus_replicas: int = Field(
+        1,
+        ge=1,
+        le=5,
+        description="Copies JetStream keeps of the readings and leases when the bus is first "
+        "set up: 3 on a NATS cluster of three servers survives the loss of one.",
+    )
     bus_wait_s: float = Field(
         10.0,
         gt=0,

@@ -16,8 +16,9 @@
 # 4. runs it: /healthz, /readyz, its own health check, a non-root user, a stream PUT and
 #    readings POSTed, /metrics; SIGTERM stops it within 10 s with a checkpoint written, and
 #    started again on the same volume the stream continues where it was;
-# 5. builds PostgreSQL's and Prometheus's images from Debian's packages (deploy/ci/) and runs
-#    the compose stack's end-to-end test (tests/containers/).
+# 5. builds PostgreSQL's, Prometheus's and NATS's images from Debian's packages (deploy/ci/)
+#    and runs the compose stack's end-to-end test (tests/containers/), as docker-compose.yml
+#    runs it and scaled out on the bus (docker-compose.bus.yml).
 #
 # Everything it makes lives in one temporary directory (its own image store, removed at the
 # end); no system configuration file is changed.
@@ -213,11 +214,13 @@ echo "checkpoint at 1500 readings; after the restart 100 re-sent readings were d
 podman rm --force --time 5 "$CONTAINER" >/dev/null && CONTAINER=""
 podman volume rm --force "$VOLUME" >/dev/null && VOLUME=""
 
-step "the compose stack: PostgreSQL and Prometheus images from Debian's packages"
+step "the compose stack: PostgreSQL, Prometheus and NATS images from Debian's packages"
 podman build --pull=never --quiet --tag localhost/twinwatch-ci-postgres:latest deploy/ci/postgres \
   >/dev/null || fail "the PostgreSQL image did not build"
 podman build --pull=never --quiet --tag localhost/twinwatch-ci-prometheus:latest \
   deploy/ci/prometheus >/dev/null || fail "the Prometheus image did not build"
+podman build --pull=never --quiet --tag localhost/twinwatch-ci-nats:latest deploy/ci/nats \
+  >/dev/null || fail "the NATS image did not build"
 
 step "the compose stack, end to end (tests/containers/)"
 TWINWATCH_CONTAINER_STACK=1 "$PYTHON" -m pytest -q -p no:cacheprovider tests/containers \

@@ -58,18 +58,23 @@ class Bus:
     async def consumer(
         self, partition: int, *, ack_wait_s: float, batch: int
     ) -> JetStreamContext.PullSubscription:
-        """A fresh consumer of the partition, bound. The stream is a work queue (an
-        acknowledged batch leaves it), so a fresh consumer starts at the first batch not
-        acknowledged: a new owner, or one the database kept waiting, goes on from there in
-        order, without waiting for a dead owner's deliveries to time out."""
-        name = f"partition-{partition}"
-        with contextlib.suppress(NotFoundError):
-            await self.jetstream.delete_consumer(STREAM, name)
+        """A consumer of the partition of its own, bound; any other of the partition deleted
+        first. The stream is a work queue (an acknowledged batch leaves it), so the new
+        consumer starts at the first batch not acknowledged: a new owner, or one the database
+        kept waiting, goes on from there in order, without waiting for a dead owner's
+        deliveries to time out. Its own name, so a fetch the previous owner still has in
+        flight (paused, then woken) reaches a consumer that is gone, never this one."""
+        subject = subject_of(partition)
+        for info in await self.jetstream.consumers_info(STREAM):
+            if info.config.filter_subject == subject:
+                with contextlib.suppress(NotFoundError):
+                    await self.jetstream.delete_consumer(STREAM, info.name)
+        name = f"partition-{partition}-{uuid.uuid4().hex[:12]}"
         await self.jetstream.add_consumer(
             STREAM,
             ConsumerConfig(
                 durable_name=name,
-                filter_subject=subject_of(partition),
+                filter_subject=subject,
                 ack_policy=AckPolicy.EXPLICIT,
                 deliver_policy=DeliverPolicy.ALL,
                 ack_wait=ack_wait_s,
@@ -78,6 +83,15 @@ class Bus:
             ),
         )
         return await self.jetstream.pull_subscribe_bind(durable=name, stream=STREAM)
+
+
+HEADROOM = 4096
+"""Bytes of a message's largest size (the server's max_payload) left for its headers."""
+
+
+def fits(bus: Bus) -> int:
+    """The largest body a message on this bus may carry."""
+    return int(bus.connection.max_payload) - HEADROOM
 
 
 def worker_name() -> str:
@@ -92,22 +106,30 @@ async def connect(url: str, *, name: str) -> tuple[Client, JetStreamContext]:
     return connection, connection.jetstream()
 
 
-async def open_bus(url: str, *, name: str, partitions: int, lease_s: float) -> Bus:
+async def open_bus(
+    url: str, *, name: str, partitions: int, lease_s: float, replicas: int = 1
+) -> Bus:
     """Connect, and set the bus up the first time: the stream, and the number of partitions
     (kept in the settings bucket; a different number later is refused, since moving streams
-    between partitions while their readings wait in them could reorder them)."""
+    between partitions while their readings wait in them could reorder them). `replicas`:
+    copies JetStream keeps of the stream and the buckets (a NATS cluster of 3 survives the
+    loss of a server with 3)."""
     connection, jetstream = await connect(url, name=name)
     try:
-        await _ensure_stream(jetstream)
-        fixed = await _fixed_partitions(jetstream, partitions)
-        leases = await _bucket(jetstream, KeyValueConfig(bucket=LEASES_BUCKET, ttl=lease_s))
+        await _ensure_stream(jetstream, replicas)
+        fixed = await _fixed_partitions(jetstream, partitions, replicas)
+        leases = await _bucket(
+            jetstream, KeyValueConfig(bucket=LEASES_BUCKET, ttl=lease_s, replicas=replicas)
+        )
+        # The bucket's, set by whoever made it first: every process beats by the same clock.
+        lease_s = (await leases.status()).ttl or lease_s
     except BaseException:
         await connection.close()
         raise
     return Bus(connection, jetstream, fixed, leases, lease_s)
 
 
-async def _ensure_stream(jetstream: JetStreamContext) -> None:
+async def _ensure_stream(jetstream: JetStreamContext, replicas: int) -> None:
     try:
         await jetstream.stream_info(STREAM)
     except NotFoundError:
@@ -118,6 +140,7 @@ async def _ensure_stream(jetstream: JetStreamContext) -> None:
                 storage=StorageType.FILE,
                 retention=RetentionPolicy.WORK_QUEUE,  # a batch acknowledged is done
                 duplicate_window=DUPLICATE_WINDOW_S,
+                num_replicas=replicas,
             )
         )
 
@@ -129,9 +152,10 @@ async def _bucket(jetstream: JetStreamContext, config: KeyValueConfig) -> KeyVal
         return await jetstream.create_key_value(config)
 
 
-async def _fixed_partitions(jetstream: JetStreamContext, partitions: int) -> int:
+async def _fixed_partitions(jetstream: JetStreamContext, partitions: int, replicas: int) -> int:
     settings = await _bucket(
-        jetstream, KeyValueConfig(bucket=SETTINGS_BUCKET, storage=StorageType.FILE)
+        jetstream,
+        KeyValueConfig(bucket=SETTINGS_BUCKET, storage=StorageType.FILE, replicas=replicas),
     )
     with contextlib.suppress(KeyWrongLastSequenceError):  # set up before: its number stands
         await settings.create("settings", json.dumps({"partitions": partitions}).encode())

@@ -20,7 +20,7 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NoKeysError
 from nats.js.kv import KeyValue
 
 log = logging.getLogger(__name__)
@@ -40,13 +40,16 @@ def fair_share(partitions: int, workers: int) -> int:
 
 
 class Leases:
-    """This worker's leases: `held` maps each partition it holds to its key's revision."""
+    """This worker's leases: `held` maps each partition it holds to its key's revision now,
+    `acquired` to the revision it took the partition at (a new one each time it takes it
+    again: what a consumer of the partition belongs to)."""
 
     def __init__(self, bucket: KeyValue, worker_id: str, partitions: int) -> None:
         self.bucket = bucket
         self.worker_id = worker_id
         self.partitions = partitions
         self.held: dict[int, int] = {}
+        self.acquired: dict[int, int] = {}
 
     async def beat(self) -> Changes:
         """Announce this worker, renew its leases, give back a surplus or take free partitions
@@ -58,8 +61,9 @@ class Leases:
                 self.held[partition] = await self.bucket.update(
                     _key(partition), self.worker_id.encode(), last=revision
                 )
-            except (KeyWrongLastSequenceError, KeyNotFoundError):
+            except (KeyWrongLastSequenceError, KeyNotFoundError, APIError):
                 del self.held[partition]  # expired, and perhaps taken since
+                del self.acquired[partition]
                 changes.lost.append(partition)
         keys = await self._keys()
         workers = sum(1 for key in keys if key.startswith(WORKER_PREFIX))
@@ -76,11 +80,10 @@ class Leases:
             if partition in taken or partition in self.held:
                 continue
             try:
-                self.held[partition] = await self.bucket.create(
-                    _key(partition), self.worker_id.encode()
-                )
-            except KeyWrongLastSequenceError:
+                revision = await self.bucket.create(_key(partition), self.worker_id.encode())
+            except (KeyWrongLastSequenceError, APIError):
                 continue  # another worker was quicker
+            self.held[partition] = self.acquired[partition] = revision
             changes.gained.append(partition)
         if changes.gained or changes.lost:
             log.info(
@@ -95,13 +98,15 @@ class Leases:
     async def release(self, partition: int) -> None:
         """Give a partition back at once (a surplus, or at a clean stop)."""
         revision = self.held.pop(partition)
-        with contextlib.suppress(KeyWrongLastSequenceError, KeyNotFoundError):  # expired
+        self.acquired.pop(partition, None)
+        # (expired already, or another's since: nats-py passes the server's refusal on as is)
+        with contextlib.suppress(KeyWrongLastSequenceError, KeyNotFoundError, APIError):
             await self.bucket.delete(_key(partition), last=revision)
 
     async def release_all(self) -> None:
         for partition in list(self.held):
             await self.release(partition)
-        with contextlib.suppress(KeyNotFoundError):
+        with contextlib.suppress(KeyNotFoundError, APIError):
             await self.bucket.delete(WORKER_PREFIX + self.worker_id)
 
     async def _keys(self) -> list[str]:

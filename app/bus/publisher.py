@@ -4,6 +4,7 @@ wait for the answer of the worker that commits it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from dataclasses import dataclass
 
@@ -11,7 +12,7 @@ import nats.errors
 import numpy as np
 from nats.js.api import PubAck
 
-from app.bus.jetstream import Bus
+from app.bus.jetstream import Bus, fits
 from app.bus.messages import (
     MSG_ID_HEADER,
     OMITTED_HEADER,
@@ -51,7 +52,10 @@ async def submit(
     _fits(bus, body)
     connection = bus.connection
     inbox = connection.new_inbox()
-    answers = await connection.subscribe(inbox, max_msgs=1)
+    try:
+        answers = await connection.subscribe(inbox, max_msgs=1)
+    except (nats.errors.Error, TimeoutError) as exc:
+        raise BusAwayError(str(exc) or type(exc).__name__) from exc
     headers = {
         MSG_ID_HEADER: message_id(stream_id, times),
         REPLY_HEADER: inbox,
@@ -70,7 +74,8 @@ async def submit(
         except TimeoutError as exc:
             raise NotAnsweredError() from exc
     finally:
-        await answers.unsubscribe()
+        with contextlib.suppress(nats.errors.Error, TimeoutError):
+            await answers.unsubscribe()
     headers = message.headers or {}
     return Answer(
         int(headers.get(STATUS_HEADER, "200")),
@@ -83,7 +88,10 @@ async def submit(
 async def submit_all(
     bus: Bus, batches: list[Batch], *, with_results: bool, wait_s: float
 ) -> list[Answer]:
-    """Each batch to its partition, side by side; the answers in the batches' order."""
+    """Each batch to its partition, side by side; the answers in the batches' order. (Every
+    batch's size is checked before any is published.)"""
+    for batch in batches:
+        _fits(bus, batch.body)
     return list(
         await asyncio.gather(
             *(
@@ -116,10 +124,10 @@ async def _publish(bus: Bus, stream_id: str, body: bytes, headers: dict[str, str
 
 
 def _fits(bus: Bus, body: bytes) -> None:
-    largest = bus.connection.max_payload
+    largest = fits(bus)
     if len(body) > largest:
         raise PayloadTooLargeError(
             f"one stream's batch is {len(body)} bytes on the bus, which carries at most "
-            f"{largest} (the NATS server's max_payload): send it in parts",
+            f"{largest} (the NATS server's max_payload, less its headers): send it in parts",
             reason="too_large",
         )

@@ -428,24 +428,25 @@ class LiveStreams:
         """Call before a stream's configuration changes in `session`: its state is checkpointed
         there (so nothing is ever replayed under a configuration its readings were not processed
         with) and restored under the new configuration on its next touch."""
+        self._refuse_on_the_bus(session, stream_id, "changing its configuration")
         live = self.hold(session, [stream_id])[0]
-        self._refuse_on_the_bus(live, "changing its configuration")
         if live.state.samples:
             self.checkpoint(session, live, force=False)
         pending = _pending(session)
         pending.restored.pop(stream_id, None)
         pending.held[stream_id].live = None
 
-    def _refuse_on_the_bus(self, live: LiveStream | None, change: str) -> None:
+    def _refuse_on_the_bus(self, session: Session, stream_id: str, change: str) -> None:
         """On the bus a stream's state is its worker's: an API process may not change it (the
-        worker would carry on under what it holds)."""
-        if self.follower and live is not None and live.state.samples:
+        worker would carry on under what it holds). Asked of the database, not of a state this
+        process restored for a read earlier."""
+        if self.follower and reading_repo.any_for(session, stream_id=stream_id):
             raise ConflictError(
-                f"stream {live.stream_id!r} has readings and runs on the bus, whose workers hold "
+                f"stream {stream_id!r} has readings and runs on the bus, whose workers hold "
                 f"its state: {change} is not possible there yet. Stop the workers, make the "
                 "change through a `twinwatch serve` without TWINWATCH_BUS_URL on the same "
                 "database, then start them again (docs/scaling.md)",
-                stream=live.stream_id,
+                stream=stream_id,
             )
 
     def adopt(
@@ -611,11 +612,11 @@ class LiveStreams:
         stored readings, silently; the old model's open alarms close at the switch; a
         checkpoint of the new state is written, so a restart continues from it. Holding the
         stream, no reading is processed twice or skipped meanwhile."""
+        self._refuse_on_the_bus(session, stream_id, "switching its model")
         try:
             live: LiveStream | None = self.hold(session, [stream_id])[0]
         except (ArtifactError, DataError):  # what it runs cannot: it can still be switched off
             live = None  # (held all the same: `hold` took its lock before restoring it)
-        self._refuse_on_the_bus(live, "switching its model")
         stream = stream_repo.require(session, stream_id, for_update=True)
         recurrence = self.target_recurrence(stream, target)  # (its configuration, locked)
         if live is not None and live.learning is not None:

@@ -3,7 +3,9 @@ PostgreSQL and Prometheus in their containers (built from Debian's packages wher
 images cannot be pulled: deploy/compose.ci.yml), the app's image, and the twin container
 posting the lab's four faults at real time. Each fault must leave an alarm row in the
 PostgreSQL container and fire an alert in the Prometheus container (read through its HTTP API),
-and the stack must come down.
+and the stack must come down. Twice: as docker-compose.yml runs it, and scaled out on the bus
+(docker-compose.bus.yml: NATS with JetStream and two workers, every reading committed by a
+worker, Prometheus scraping both).
 
 `deploy/container-check.sh` builds the images and runs this module (it is collected only when
 TWINWATCH_CONTAINER_STACK is set: `tests/conftest.py`). Prometheus reads the project's scrape
@@ -51,15 +53,31 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     return subprocess.run(args, capture_output=True, text=True, env=env, cwd=REPO, check=False)
 
 
+FILES = {
+    "embedded": ["docker-compose.yml", "deploy/compose.ci.yml"],
+    "bus": [
+        "docker-compose.yml",
+        "docker-compose.bus.yml",
+        "deploy/compose.ci.yml",
+        "deploy/compose.bus.ci.yml",
+    ],
+}
+WORKERS = 2  # docker-compose.bus.yml's default
+
+
 @dataclass
 class Stack:
     env: dict[str, str]
     app: str
     prometheus: str
+    variant: str
+
+    @property
+    def files(self) -> list[str]:
+        return [option for name in FILES[self.variant] for option in ("-f", name)]
 
     def compose(self, *args: str) -> subprocess.CompletedProcess[str]:
-        files = ["-f", "docker-compose.yml", "-f", "deploy/compose.ci.yml"]
-        result = run(*COMPOSE, "-p", PROJECT, *files, *args, env=self.env)
+        result = run(*COMPOSE, "-p", PROJECT, *self.files, *args, env=self.env)
         assert result.returncode == 0, f"compose {args}:\n{result.stdout}\n{result.stderr}"
         return result
 
@@ -86,8 +104,10 @@ class Stack:
             time.sleep(0.5)
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=sorted(FILES))
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     config = tmp_path_factory.mktemp("prometheus")
     compressed_config(config)  # scraping app:8000, as docker-compose.yml's own file does
     config.chmod(0o755)  # Prometheus runs as nobody in its container
@@ -100,7 +120,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         "TWINWATCH_PUBLISHED_PORT": str(app_port),
         "PROMETHEUS_PUBLISHED_PORT": str(prometheus_port),
     }
-    stack = Stack(env, f"http://127.0.0.1:{app_port}", f"http://127.0.0.1:{prometheus_port}")
+    stack = Stack(
+        env, f"http://127.0.0.1:{app_port}", f"http://127.0.0.1:{prometheus_port}", request.param
+    )
     try:
         # In dependency order, each waited for: not every compose tool waits on health checks.
         stack.compose("up", "-d", "postgres")
@@ -119,17 +141,32 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                 == 0
             ),
         )
+        if stack.variant == "bus":
+            stack.compose("up", "-d", "nats")
+            stack.wait(
+                "nats",
+                lambda: run(ENGINE, "healthcheck", "run", stack.container("nats")).returncode == 0,
+            )
         stack.compose("up", "-d", "app")
         stack.wait("app", lambda: httpx.get(f"{stack.app}/readyz").status_code == 200)
+        if stack.variant == "bus":
+            stack.compose("up", "-d", "worker")
         stack.compose("up", "-d", "prometheus")
         stack.wait(
             "prometheus",
             lambda: any(v["value"][1] == "1" for v in stack.query('up{job="twinwatch"}')),
         )
+        if stack.variant == "bus":  # both workers found by name, scraped, and serving
+            stack.wait(
+                "worker",
+                lambda: (
+                    [v["value"][1] for v in stack.query('up{job="twinwatch-workers"}')]
+                    == ["1"] * WORKERS
+                ),
+            )
         yield stack
     finally:
-        run(*COMPOSE, "-p", PROJECT, "-f", "docker-compose.yml", "-f", "deploy/compose.ci.yml",
-            "down", "-v", env=env)  # fmt: skip
+        run(*COMPOSE, "-p", PROJECT, *stack.files, "down", "-v", env=env)
         run(ENGINE, "network", "rm", "--force", f"{PROJECT}_default")  # (podman-compose keeps it)
 
 

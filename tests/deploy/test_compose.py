@@ -105,7 +105,7 @@ def test_bind_mounts_exist_in_the_repository(compose: dict[str, Any]) -> None:
 
 def test_prometheus_scrapes_the_app_where_it_listens(compose: dict[str, Any]) -> None:
     config = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
-    (job,) = config["scrape_configs"]
+    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "twinwatch"]
     targets = [t for group in job["static_configs"] for t in group["targets"]]
     port = environment(compose["services"]["app"])["TWINWATCH_PORT"]
     assert targets == [f"app:{port}"]
@@ -161,3 +161,43 @@ def test_the_app_keeps_its_data_in_a_named_volume(compose: dict[str, Any]) -> No
     """Model versions' artifacts live under the data directory: kept like the database."""
     assert "app-data:/var/lib/twinwatch" in compose["services"]["app"]["volumes"]
     assert "app-data" in compose["volumes"]
+
+
+@pytest.fixture(scope="module")
+def bus() -> dict[str, Any]:
+    document: dict[str, Any] = yaml.safe_load((REPO / "docker-compose.bus.yml").read_text())
+    return document
+
+
+def test_the_bus_override_runs_workers_beside_the_app(
+    compose: dict[str, Any], bus: dict[str, Any]
+) -> None:
+    """docker-compose.bus.yml: NATS with JetStream on a volume, the app publishing to it, and
+    workers of the app's image on the app's database and models; Prometheus finds every worker
+    by the service's name; the CI override swaps images only."""
+    schema = json.loads(SCHEMA.read_text())
+    jsonschema.Draft7Validator(schema).validate(bus)
+    services = bus["services"]
+    assert "--jetstream" in services["nats"]["command"]
+    assert environment(services["app"])["TWINWATCH_BUS_URL"] == "nats://nats:4222"
+    worker = services["worker"]
+    assert worker["command"][:1] == ["worker"]
+    port = worker["command"][worker["command"].index("--metrics-port") + 1]
+    app = environment(compose["services"]["app"])
+    for name, value in environment(worker).items():
+        assert name in SETTINGS_VARIABLES, name
+        if name in app:
+            assert value == app[name], name
+    assert set(worker["volumes"]) == set(compose["services"]["app"]["volumes"])
+    for service in services.values():
+        for dependency, condition in service.get("depends_on", {}).items():
+            assert condition == {"condition": "service_healthy"}, dependency
+    config = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "twinwatch-workers"]
+    assert job["dns_sd_configs"] == [
+        {"names": ["worker"], "type": "A", "port": int(port), "refresh_interval": "15s"}
+    ]
+    ci = yaml.safe_load((REPO / "deploy/compose.bus.ci.yml").read_text())
+    for name, service in ci["services"].items():
+        assert name in services and set(service) == {"image"}, name
+        assert service["image"].startswith("localhost/twinwatch"), name

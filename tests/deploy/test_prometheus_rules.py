@@ -23,7 +23,7 @@ def test_config_and_rules_pass_promtool_check() -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     result = promtool("check", "rules", str(PROMETHEUS / "alerts.yml"))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 6 rules found" in result.stdout
+    assert "SUCCESS: 7 rules found" in result.stdout
 
 
 def test_rule_unit_tests_pass() -> None:
@@ -54,6 +54,7 @@ def test_every_alert_names_its_severity_and_explains_itself() -> None:
         "TwinwatchAlarmActive",
         "TwinwatchAlarmRaised",
         "TwinwatchDown",
+        "TwinwatchWorkerDown",
         "TwinwatchStreamStopped",
     }
     for rule in rules:

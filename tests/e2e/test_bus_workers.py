@@ -23,6 +23,7 @@ import numpy as np
 from app.bus.jetstream import open_bus
 from app.bus.publisher import NotAnsweredError, submit
 from app.storage.db import Database
+from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import readings as reading_repo
 from tests.e2e.conftest import ServerFactory, new_database
 from tests.support.bus import (
@@ -129,8 +130,16 @@ def test_on_the_bus_serve_answers_as_the_embedded_service(
             assert time.monotonic() < deadline, "the stored batch was not committed"
             time.sleep(0.2)
 
-        # No worker: 503, safe to re-send; the batch is committed once a worker comes.
+        # No worker: 503, safe to re-send; the batch is committed once a worker comes. (Its
+        # clean stop checkpointed the stream: the next one replays nothing.)
         worker.end(signal.SIGTERM)
+        database = Database(database_url)
+        try:
+            with database.session() as session:
+                checkpoint = checkpoint_repo.get(session, "pump-1")
+                assert checkpoint is not None and checkpoint.sample_count == 8100
+        finally:
+            database.dispose()
         waiting = bus.post("/v1/streams/pump-1/readings", json=lab_readings(8100, 8200))
         assert waiting.status_code == 503 and waiting.headers["retry-after"]
         assert "safe" in waiting.json()["detail"]

@@ -55,9 +55,13 @@ def compressed_config(directory: Path, target: str | None = None) -> Path:
         "scrape_timeout": scrape,
         "evaluation_interval": scale_duration(config["global"]["evaluation_interval"]),
     }
-    if target is not None:
-        (job,) = config["scrape_configs"]
+    for job in config["scrape_configs"]:
+        for discovery in job.get("dns_sd_configs", []):
+            discovery["refresh_interval"] = scale_duration(discovery["refresh_interval"])
+    if target is not None:  # bare metal: the service alone, at `target`
+        (job,) = [job for job in config["scrape_configs"] if job["job_name"] == "twinwatch"]
         job["static_configs"] = [{"targets": [target]}]
+        config["scrape_configs"] = [job]
     rules = yaml.safe_load((DEPLOY / "alerts.yml").read_text())
     for group in rules["groups"]:
         for rule in group["rules"]:
@@ -85,8 +89,10 @@ def raw_samples(query: Query, selector: str) -> list[dict[str, Any]]:
 
 
 def ingest_clock(query: Query, stream: str) -> list[tuple[float, float]]:
-    """(scrape time, readings accepted so far) of the stream."""
-    (series,) = raw_samples(query, f'twinwatch_readings_total{{stream="{stream}"}}')
+    """(scrape time, readings accepted so far) of the stream, from the process that accepted
+    them: on the bus the API keeps the stream's series at zero beside the worker's."""
+    found = raw_samples(query, f'twinwatch_readings_total{{stream="{stream}"}}')
+    series = max(found, key=lambda one: float(one["values"][-1][1]))
     return [(float(t), float(v)) for t, v in series["values"]]
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -30,7 +30,11 @@ def prepare(session: Session, partitions: int) -> None:
 def fence(session: Session, partition: int, revision: int) -> None:
     """In the transaction of a commit for `partition` under a lease of `revision`: FencedError
     if a later lease committed already. The row stays locked until the commit, so two owners'
-    commits for a partition are in lease order."""
+    commits for a partition are in lease order. On PostgreSQL a commit waits for that lock
+    5 s at most (then OperationalError: the database is as good as away for it, and the batch
+    is tried again), so a paused owner mid-transaction cannot hold its successor up for ever."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SET LOCAL lock_timeout = '5s'"))
     moved = session.execute(
         update(BusPartition)
         .where(BusPartition.partition == partition, BusPartition.lease_revision <= revision)

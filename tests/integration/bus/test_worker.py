@@ -16,16 +16,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from app.bus.jetstream import open_bus
+from app.bus.jetstream import STREAM, open_bus
 from app.bus.leases import Leases
 from app.bus.messages import Answer
-from app.bus.publisher import submit
+from app.bus.publisher import Batch, store_all, submit
 from app.bus.worker import Worker
 from app.main import Engine, open_engine
 from app.metrics import Metrics
 from app.settings import Settings
 from app.storage.db import Database
 from app.storage.repositories import bus as bus_repo
+from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories.bus import FencedError
 from tests.integration.conftest import T0, fake_loader, make_stream
@@ -147,6 +148,9 @@ async def test_a_worker_commits_and_answers_what_is_published(
         await api.close()
     with database.session() as session:
         assert reading_repo.count(session, stream_id="pump-1") == 61
+        # A clean stop checkpoints what the worker holds: a restart replays nothing.
+        checkpoint = checkpoint_repo.get(session, "pump-1")
+        assert checkpoint is not None and checkpoint.sample_count == 61
 
 
 @pytest.mark.anyio
@@ -230,3 +234,44 @@ async def test_a_worker_that_lost_its_lease_cannot_commit(
     finally:
         await first.close()
         await second.close()
+
+
+@pytest.mark.anyio
+async def test_batches_waiting_together_commit_together_and_a_bad_one_alone(
+    nats: NatsServer, database: Database, models_dir: Path, tmp_path: Path
+) -> None:
+    """Batches of distinct streams a worker finds waiting go in one transaction, as one POST
+    of many streams would; one refused (an unknown stream) is answered on its own, and the
+    others are committed all the same."""
+    streams = ["pump-1", "pump-2", "pump-3"]
+    with database.session() as session:
+        for stream in streams:
+            make_stream(session, stream)
+    api = await open_bus(nats.url, name="api", partitions=1, lease_s=LEASE_S)
+    try:
+        waiting = []
+        for stream in [*streams, "nobody"]:
+            body, times = batch(stream, 0, 30)
+            waiting.append(Batch(stream, body, times))
+        await store_all(api, waiting)  # all in the one partition, before any worker runs
+        engine = engine_for(database, models_dir, tmp_path)
+        bus = await open_bus(nats.url, name="worker", partitions=1, lease_s=LEASE_S)
+        worker = Worker(engine, bus, "worker")
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker.run(stop))
+        try:
+            await until(lambda: worker.committed == 3, "the three streams' batches committed")
+            for _ in range(100):  # the unknown stream's batch answered (404) and gone too
+                if (await api.jetstream.stream_info(STREAM)).state.messages == 0:
+                    break
+                await asyncio.sleep(0.05)
+            assert (await api.jetstream.stream_info(STREAM)).state.messages == 0
+        finally:
+            stop.set()
+            await task
+            await bus.close()
+    finally:
+        await api.close()
+    with database.session() as session:
+        for stream in streams:
+            assert reading_repo.count(session, stream_id=stream) == 30
