@@ -159,11 +159,12 @@ class Server:
         log: Path,
         *,
         cwd: Path = ROOT,
+        port_option: str = "--port",
     ) -> None:
         self.name = name
         self.cwd = cwd
         self.port = free_port()
-        self.command = [*command, "--port", str(self.port)]
+        self.command = [*command, port_option, str(self.port)]
         self.env = env
         self.log_path = log
         self.process: subprocess.Popen[bytes] | None = None

@@ -236,6 +236,7 @@ class Load:
     ticks: int
     per_stream: bool
     results: bool = True
+    period_s: float = PERIOD_S  # between a sender's ticks (shorter: faster than real time)
 
     def body(self, rows: list[int], sequence: int) -> bytes:
         """The `sequence`-th request of a sender: each of its streams' next sample."""
@@ -257,13 +258,13 @@ async def send(load: Load, sender: Sender, start: float) -> None:
     tick = 0
     try:
         while tick < load.ticks:
-            due = start + tick * PERIOD_S
+            due = start + tick * load.period_s
             delay = due - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
             body = load.body(sender.streams, sender.ticks_sent)
             sent = time.perf_counter()
-            if sent - due > PERIOD_S / 2:
+            if sent - due > load.period_s / 2:
                 sender.late += 1
             sender.ticks_sent += 1
             try:
@@ -287,7 +288,7 @@ async def send(load: Load, sender: Sender, start: float) -> None:
                     if problem:
                         sender.error(problem)
             sender.last_answer = time.perf_counter()
-            due_now = int((sender.last_answer - start) / PERIOD_S)  # the newest tick due
+            due_now = int((sender.last_answer - start) / load.period_s)  # the newest tick due
             following = max(tick + 1, min(due_now, load.ticks))
             sender.missed += following - (tick + 1)
             tick = following
@@ -309,11 +310,11 @@ async def drive(
     start = time.perf_counter() + 0.2  # every sender connected and waiting for tick 0
     # Together (the default, the worst case): every gateway's tick is due at the same instant.
     # Spread: independent gateways, each at its own phase of the period.
-    phase = PERIOD_S / len(senders) if spread else 0.0
+    phase = load.period_s / len(senders) if spread else 0.0
     await asyncio.gather(
         *(send(load, sender, start + index * phase) for index, sender in enumerate(senders))
     )
-    duration = load.ticks * PERIOD_S
+    duration = load.ticks * load.period_s
     elapsed = max(duration, max(s.last_answer for s in senders) - start)
     latencies = sorted(x for s in senders for x in s.latencies)
     accepted = sum(s.accepted for s in senders)
@@ -323,7 +324,7 @@ async def drive(
     return {
         "duration_s": duration,
         "elapsed_s": elapsed,
-        "offered_readings_per_s": len(load.names) / PERIOD_S,
+        "offered_readings_per_s": len(load.names) / load.period_s,
         "readings_per_s": accepted / elapsed,
         "accepted": accepted,
         "requests": sum(s.ticks_sent for s in senders),

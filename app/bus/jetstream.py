@@ -10,6 +10,7 @@ import os
 import socket
 import uuid
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import nats
 from nats.aio.client import Client
@@ -34,6 +35,9 @@ from nats.js.kv import KeyValue
 from app.bus.partitions import SUBJECT_PREFIX, subject_of
 from app.errors import DataError
 
+if TYPE_CHECKING:
+    from app.bus.publisher import Replies
+
 STREAM = "TWINWATCH_READINGS"
 SETTINGS_BUCKET = "twinwatch_bus"
 LEASES_BUCKET = "twinwatch_leases"
@@ -51,6 +55,7 @@ class Bus:
     partitions: int
     leases: KeyValue
     lease_s: float
+    replies: Replies | None = None  # where this process waits for answers (made when needed)
 
     async def close(self) -> None:
         await self.connection.drain()

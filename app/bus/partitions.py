@@ -3,8 +3,8 @@ functions, the same in every API process and worker.
 
 A stream belongs to one partition for ever: a stable hash of its id over a number of partitions
 fixed when the bus is first set up (changing it would move streams between partitions while
-their readings wait in them, so it is refused). A batch's message id is derived from the stream
-and its readings' times, so a batch sent again (the same times) is dropped by JetStream's
+their readings wait in them, so it is refused). A message's id is derived from its streams
+and their readings' times, so a batch sent again (the same times) is dropped by JetStream's
 de-duplication within its window, and after it by ingest, which recognises re-sent readings."""
 
 from __future__ import annotations
@@ -30,8 +30,15 @@ def subject_of(partition: int) -> str:
     return f"{SUBJECT_PREFIX}.{partition}"
 
 
-def message_id(stream_id: str, times: np.ndarray) -> str:
-    """`Nats-Msg-Id` of a batch: its stream, how many readings and a digest of their times
-    (int64 microseconds)."""
-    digest = hashlib.blake2b(np.ascontiguousarray(times, dtype="<i8").tobytes(), digest_size=16)
-    return f"{stream_id}/{times.shape[0]}/{digest.hexdigest()}"
+def message_id(batches: list[tuple[str, np.ndarray]]) -> str:
+    """`Nats-Msg-Id` of a message: its streams, how many readings and a digest of their
+    times (int64 microseconds): `<stream>/<readings>/<digest>` for one stream,
+    `<first stream>+<more streams>/...` for several."""
+    digest = hashlib.blake2b(digest_size=16)
+    readings = 0
+    for stream_id, times in batches:
+        digest.update(stream_id.encode() + b"\0")
+        digest.update(np.ascontiguousarray(times, dtype="<i8").tobytes())
+        readings += times.shape[0]
+    first = batches[0][0] if len(batches) == 1 else f"{batches[0][0]}+{len(batches) - 1}"
+    return f"{first}/{readings}/{digest.hexdigest()}"

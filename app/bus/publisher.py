@@ -1,25 +1,27 @@
-"""What an API process does with a batch on the bus: publish it to its stream's partition and
-wait for the answer of the worker that commits it."""
+"""What an API process does with a request's readings on the bus: publish them, one message for
+each partition they fall in, and wait for the answers of the workers that commit them."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from dataclasses import dataclass
 
 import nats.errors
 import numpy as np
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js.api import PubAck
 
 from app.bus.jetstream import Bus, fits
 from app.bus.messages import (
     MSG_ID_HEADER,
-    OMITTED_HEADER,
     REPLY_HEADER,
     RESULTS_HEADER,
-    STATUS_HEADER,
     Answer,
+    answers_of,
+    body_of,
 )
 from app.bus.partitions import message_id, partition_of, subject_of
 from app.errors import PayloadTooLargeError
@@ -27,6 +29,11 @@ from app.errors import PayloadTooLargeError
 
 class BusAwayError(Exception):
     """The bus did not store the batch (NATS is away): nothing happened; send it again."""
+
+
+class NotAnsweredError(Exception):
+    """No worker answered in time: the batch is stored on the bus and will be committed once;
+    re-sending it is safe."""
 
 
 @dataclass(frozen=True)
@@ -39,95 +46,156 @@ class Batch:
     times: np.ndarray
 
 
-class NotAnsweredError(Exception):
-    """No worker answered in time: the batch is stored on the bus and will be committed once;
-    re-sending it is safe."""
+@dataclass(frozen=True)
+class _Message:
+    """Batches of one partition, of one request, in the request's order: one message."""
+
+    partition: int
+    indexes: list[int]  # the batches', in the request
+    body: bytes
+    msg_id: str
 
 
-async def submit(
-    bus: Bus, stream_id: str, body: bytes, times: np.ndarray, *, with_results: bool, wait_s: float
-) -> Answer:
-    """Publish one stream's batch (`StreamReadingsIn` as JSON; `times` its readings' times in
-    microseconds) and wait up to `wait_s` for the committing worker's answer."""
-    _fits(bus, body)
-    connection = bus.connection
-    inbox = connection.new_inbox()
-    try:
-        answers = await connection.subscribe(inbox, max_msgs=1)
-    except (nats.errors.Error, TimeoutError) as exc:
-        raise BusAwayError(str(exc) or type(exc).__name__) from exc
-    headers = {
-        MSG_ID_HEADER: message_id(stream_id, times),
-        REPLY_HEADER: inbox,
-        RESULTS_HEADER: "1" if with_results else "0",
-    }
-    try:
-        stored = await _publish(bus, stream_id, body, headers)
-        if stored.duplicate:
-            # Sent before, within the de-duplication window: that copy is (or was) answered
-            # to its own sender. This one goes after it in the partition, under a name of its
-            # own, to be answered here: its readings are re-sent ones by then.
-            headers[MSG_ID_HEADER] += f"/again/{uuid.uuid4().hex}"
-            await _publish(bus, stream_id, body, headers)
-        try:
-            message = await answers.next_msg(timeout=wait_s)
-        except TimeoutError as exc:
-            raise NotAnsweredError() from exc
-    finally:
-        with contextlib.suppress(nats.errors.Error, TimeoutError):
-            await answers.unsubscribe()
-    headers = message.headers or {}
-    return Answer(
-        int(headers.get(STATUS_HEADER, "200")),
-        message.data,
-        headers.get("Content-Type", "application/json"),
-        results_omitted=headers.get(OMITTED_HEADER) == "1",
-    )
+class Replies:
+    """Where a process waits for workers' answers: one subscription of its own (`<inbox>.*`),
+    each awaited answer a subject under it, instead of a subscription per message."""
+
+    def __init__(self, connection: Client) -> None:
+        self.connection = connection
+        self.prefix = connection.new_inbox()
+        self.waiting: dict[str, asyncio.Future[Msg]] = {}
+        self.subscription: Subscription | None = None
+
+    async def expect(self) -> tuple[str, asyncio.Future[Msg]]:
+        """A subject to be answered at, and the answer to come."""
+        if self.subscription is None:
+            self.subscription = await self.connection.subscribe(
+                f"{self.prefix}.*", cb=self._arrived
+            )
+        token = uuid.uuid4().hex
+        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self.waiting[token] = future
+        return f"{self.prefix}.{token}", future
+
+    def forget(self, subject: str) -> None:
+        self.waiting.pop(subject.rsplit(".", 1)[1], None)
+
+    async def _arrived(self, message: Msg) -> None:
+        future = self.waiting.pop(message.subject.rsplit(".", 1)[1], None)
+        if future is not None and not future.done():
+            future.set_result(message)
 
 
 async def submit_all(
     bus: Bus, batches: list[Batch], *, with_results: bool, wait_s: float
 ) -> list[Answer]:
-    """Each batch to its partition, side by side; the answers in the batches' order. (Every
-    batch's size is checked before any is published.)"""
-    for batch in batches:
-        _fits(bus, batch.body)
-    return list(
-        await asyncio.gather(
-            *(
-                submit(bus, b.stream_id, b.body, b.times, with_results=with_results, wait_s=wait_s)
-                for b in batches
-            )
-        )
+    """Publish the batches (a message for each partition they fall in) and wait up to
+    `wait_s` for the committing workers' answers: one for each batch, in the batches' order.
+    (Every message's size is checked before any is published.)"""
+    messages = _messages(bus, batches)
+    answered = await asyncio.gather(
+        *(_submit(bus, message, with_results=with_results, wait_s=wait_s) for message in messages)
     )
+    answers: list[Answer | None] = [None] * len(batches)
+    for message, ones in zip(messages, answered, strict=True):
+        if len(ones) != len(message.indexes):  # a whole message refused: its one answer
+            ones = ones[:1] * len(message.indexes)
+        for index, answer in zip(message.indexes, ones, strict=True):
+            answers[index] = answer
+    return [answer for answer in answers if answer is not None]
+
+
+async def submit(
+    bus: Bus, stream_id: str, body: bytes, times: np.ndarray, *, with_results: bool, wait_s: float
+) -> Answer:
+    """One stream's batch (`StreamReadingsIn` as JSON; `times` its readings' times in
+    microseconds), and the answer of the worker that commits it."""
+    (answer,) = await submit_all(
+        bus, [Batch(stream_id, body, times)], with_results=with_results, wait_s=wait_s
+    )
+    return answer
 
 
 async def store_all(bus: Bus, batches: list[Batch]) -> None:
-    """Each batch stored on the bus, no answer awaited (`?wait=false`)."""
-    for batch in batches:
-        _fits(bus, batch.body)
+    """The batches stored on the bus, no answer awaited (`?wait=false`)."""
+    messages = _messages(bus, batches)
     await asyncio.gather(
-        *(
-            _publish(bus, b.stream_id, b.body, {MSG_ID_HEADER: message_id(b.stream_id, b.times)})
-            for b in batches
-        )
+        *(_publish(bus, m.partition, m.body, {MSG_ID_HEADER: m.msg_id}) for m in messages)
     )
 
 
-async def _publish(bus: Bus, stream_id: str, body: bytes, headers: dict[str, str]) -> PubAck:
+async def _submit(
+    bus: Bus, message: _Message, *, with_results: bool, wait_s: float
+) -> list[Answer]:
+    if bus.replies is None:
+        bus.replies = Replies(bus.connection)
+    replies = bus.replies
     try:
-        return await bus.jetstream.publish(
-            subject_of(partition_of(stream_id, bus.partitions)), body, headers=headers
-        )
+        inbox, answer = await replies.expect()
     except (nats.errors.Error, TimeoutError) as exc:
         raise BusAwayError(str(exc) or type(exc).__name__) from exc
+    headers = {
+        MSG_ID_HEADER: message.msg_id,
+        REPLY_HEADER: inbox,
+        RESULTS_HEADER: "1" if with_results else "0",
+    }
+    try:
+        stored = await _publish(bus, message.partition, message.body, headers)
+        if stored.duplicate:
+            # Sent before, within the de-duplication window: that copy is (or was) answered
+            # to its own sender. This one goes after it in the partition, under a name of its
+            # own, to be answered here: its readings are re-sent ones by then.
+            headers[MSG_ID_HEADER] += f"/again/{uuid.uuid4().hex}"
+            await _publish(bus, message.partition, message.body, headers)
+        try:
+            reply = await asyncio.wait_for(asyncio.shield(answer), timeout=wait_s)
+        except TimeoutError as exc:
+            raise NotAnsweredError() from exc
+    finally:
+        replies.forget(inbox)
+    return answers_of(reply)
 
 
-def _fits(bus: Bus, body: bytes) -> None:
+def _messages(bus: Bus, batches: list[Batch]) -> list[_Message]:
+    """The batches by partition, each partition's in as few messages as fit."""
     largest = fits(bus)
-    if len(body) > largest:
-        raise PayloadTooLargeError(
-            f"one stream's batch is {len(body)} bytes on the bus, which carries at most "
-            f"{largest} (the NATS server's max_payload, less its headers): send it in parts",
-            reason="too_large",
-        )
+    by_partition: dict[int, list[int]] = {}
+    for index, batch in enumerate(batches):
+        if len(body_of([batch.body])) > largest:
+            raise PayloadTooLargeError(
+                f"stream {batch.stream_id!r}'s batch is {len(batch.body)} bytes on the bus, "
+                f"which carries at most {largest} in a message (the NATS server's max_payload, "
+                "less its headers): send it in parts",
+                reason="too_large",
+                stream=batch.stream_id,
+            )
+        by_partition.setdefault(partition_of(batch.stream_id, bus.partitions), []).append(index)
+    messages = []
+    for partition, indexes in by_partition.items():
+        size, part = 0, list[int]()
+        for index in indexes:
+            length = len(batches[index].body) + 1
+            if part and size + length > largest - len(body_of([])):
+                messages.append(_message(partition, part, batches))
+                size, part = 0, []
+            size += length
+            part.append(index)
+        messages.append(_message(partition, part, batches))
+    return messages
+
+
+def _message(partition: int, indexes: list[int], batches: list[Batch]) -> _Message:
+    ones = [batches[index] for index in indexes]
+    return _Message(
+        partition,
+        indexes,
+        body_of([batch.body for batch in ones]),
+        message_id([(batch.stream_id, batch.times) for batch in ones]),
+    )
+
+
+async def _publish(bus: Bus, partition: int, body: bytes, headers: dict[str, str]) -> PubAck:
+    try:
+        return await bus.jetstream.publish(subject_of(partition), body, headers=headers)
+    except (nats.errors.Error, TimeoutError) as exc:
+        raise BusAwayError(str(exc) or type(exc).__name__) from exc

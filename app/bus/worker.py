@@ -1,16 +1,19 @@
 """`twinwatch worker`: consume the partitions this worker leases, in order, through the same
-ingest as the embedded service, and acknowledge a batch only once its readings, alarms and
+ingest as the embedded service, and acknowledge a message only once its readings, alarms and
 checkpoints are committed.
 
-A batch is one stream's readings (`StreamReadingsIn` as JSON). For each: the partition's fence
-and the ingest run in one transaction (`storage/repositories/bus.py`), then the message is
-acknowledged, then the request waiting for it (the `Twinwatch-Reply` header) gets the answer
-the embedded service would have given. A batch the database cannot take now (it is away) is
-not acknowledged: it waits in JetStream and the partition tries again from it, so nothing is
-lost and nothing overtakes it. A batch refused for what it holds (an unknown stream, readings
-out of order) is acknowledged with its problem as the answer, as the embedded service would
-answer it. A stream whose partition this worker loses is forgotten here: its new owner restores
-it from its checkpoint and the readings stored after it."""
+A message holds the batches (one stream's readings each) of one request that fall in one
+partition, in the `POST /v1/readings` shape. A partition's messages are taken in order, in
+groups of distinct streams; the groups waiting in all the partitions the worker holds are
+committed in one transaction with their partitions' fences (`storage/repositories/bus.py`);
+then the messages are acknowledged, then each request waiting for one (the `Twinwatch-Reply`
+header) gets the answers the embedded service would have given. A message the database cannot
+take now (it is away) is not acknowledged: it waits in JetStream and the partition tries again
+from it, so nothing is lost and nothing overtakes it. A batch refused for what it holds (an
+unknown stream, readings out of order) is answered with its problem, as the embedded service
+would answer it, and the others are committed without it. A stream whose partition this worker
+loses is forgotten here: its new owner restores it from its checkpoint and the readings stored
+after it."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import logging
 import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 import nats.errors
@@ -34,23 +38,17 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from app.api.readings import answer_of, ingest_request
 from app.bus.jetstream import Bus, fits, open_bus, worker_name
 from app.bus.leases import Leases
-from app.bus.messages import (
-    MSG_ID_HEADER,
-    OMITTED_HEADER,
-    REPLY_HEADER,
-    RESULTS_HEADER,
-    STATUS_HEADER,
-    Answer,
-)
+from app.bus.messages import REPLY_HEADER, RESULTS_HEADER, Answer, reply_of
 from app.bus.partitions import partition_of
 from app.errors import AppError, DataError
 from app.main import Engine, open_engine
 from app.metrics import Metrics
 from app.registry import default_loader
-from app.schemas import PROBLEM_MEDIA_TYPE, StreamReadingsIn
+from app.schemas import PROBLEM_MEDIA_TYPE, ManyReadingsIn, StreamReadingsIn
 from app.settings import Settings
 from app.storage.repositories import bus as bus_repo
 from app.storage.repositories.bus import FencedError
+from app.streams.ingest import IngestOutcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -87,6 +85,8 @@ class Worker:
         self.tasks: dict[int, tuple[int, asyncio.Task[None]]] = {}
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinwatch-worker")
         self.committed = 0  # batches committed (tests and metrics read it)
+        self.waiting: list[_Work] = []  # groups for the next transaction
+        self.committing: asyncio.Task[None] | None = None  # the task that commits them
 
     async def _run(self, function: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
@@ -112,6 +112,9 @@ class Worker:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             self.tasks.clear()
+            if self.committing is not None:
+                with contextlib.suppress(Exception):
+                    await self.committing
             await self._run(self.engine.streams.checkpoint_all)
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 await self.leases.release_all()
@@ -184,12 +187,13 @@ class Worker:
         return None
 
     async def _handle(self, partition: int, acquired: int, messages: list[Msg]) -> bool:
-        """The messages in order, in groups of distinct streams each committed in one
-        transaction; False at the first group not taken (it and the rest stay unacknowledged,
-        to be delivered again in order)."""
-        for group in _groups(messages):
+        """The messages in order, in groups of distinct streams, each committed in one
+        transaction (with whatever other partitions have waiting then); False at the first
+        group not taken (it and the rest stay unacknowledged, to be delivered again in
+        order)."""
+        for group in _groups([_parse(message) for message in messages]):
             try:
-                answers = await self._run(self._process, partition, acquired, group)
+                answers = await self._committed(partition, acquired, group)
             except StaleError:
                 return True  # the partition is another's, or another lease's: not acknowledged
             except FencedError as exc:
@@ -205,107 +209,203 @@ class Worker:
                 log.exception("partition %d: a batch failed; its streams are restored", partition)
                 await self._run(self._forget, partition)
                 return False
-            for message in group:
+            for one in group:
                 try:
-                    await message.ack_sync(timeout=ACK_TIMEOUT_S)
+                    await one.message.ack_sync(timeout=ACK_TIMEOUT_S)
                 except (nats.errors.Error, TimeoutError) as exc:
                     log.warning("partition %d: an acknowledgement failed (%s)", partition, exc)
                     for rest, answered in zip(group, answers, strict=True):
-                        await self._reply(rest, answered)  # committed all the same
+                        await self._reply(rest.message, answered)  # committed all the same
                     return False
-            for message, answer in zip(group, answers, strict=True):
-                await self._reply(message, answer)
+            for one, answered in zip(group, answers, strict=True):
+                await self._reply(one.message, answered)
         return True
 
-    def _process(self, partition: int, acquired: int, group: list[Msg]) -> list[Answer]:
-        """A group of batches of distinct streams, committed with the partition's fence in one
-        transaction (on the worker's one thread), as one `POST /v1/readings` of them would be;
-        if one of them is refused, each is committed on its own, so only it is."""
-        revision = self.leases.held.get(partition)
-        if revision is None or not self._current(partition, acquired):
-            raise StaleError()
-        answers: list[Answer | None] = []
-        items: list[tuple[int, StreamReadingsIn, bool]] = []
-        for index, message in enumerate(group):
-            try:
-                item = StreamReadingsIn.model_validate_json(message.data)
-            except ValidationError as exc:  # the API checked it: only a foreign publisher
-                detail = f"not a batch of readings: {exc.errors()[0]['msg']}"
-                answers.append(_problem(DataError(detail)))
+    async def _committed(
+        self, partition: int, acquired: int, group: list[Parsed]
+    ) -> list[list[Answer]]:
+        """The group committed, and its messages' answers. Groups of other partitions that
+        come while a transaction runs wait for the next, and go in it together."""
+        work = _Work(partition, acquired, group, asyncio.get_running_loop().create_future())
+        self.waiting.append(work)
+        if self.committing is None or self.committing.done():
+            self.committing = asyncio.create_task(self._commit_waiting())
+        return await work.answers
+
+    async def _commit_waiting(self) -> None:
+        while self.waiting:
+            works = [work for work in self.waiting if not work.answers.done()]
+            self.waiting = []
+            if not works:
                 continue
-            answers.append(None)
-            with_results = (message.headers or {}).get(RESULTS_HEADER, "1") != "0"
-            items.append((index, item, with_results))
-        if len(items) > 1:
+            outcomes = await self._run(self._process, works)
+            for work, outcome in zip(works, outcomes, strict=True):
+                if work.answers.done():  # its partition's task was cancelled meanwhile
+                    continue
+                if isinstance(outcome, BaseException):
+                    work.answers.set_exception(outcome)
+                else:
+                    work.answers.set_result(outcome)
+
+    def _process(self, works: list[_Work]) -> list[list[list[Answer]] | BaseException]:
+        """Groups of several partitions, committed with their partitions' fences in one
+        transaction (on the worker's one thread), as one `POST /v1/readings` of them would be.
+        If that fails for what a batch holds, or for a fence, each group is committed on its
+        own, and then, if it still fails for a batch, each of its batches on its own: only
+        that one is refused."""
+        outcomes: list[list[list[Answer]] | BaseException] = [StaleError()] * len(works)
+        fenced: list[tuple[int, int]] = []  # (work, the revision its partition is held at)
+        for index, work in enumerate(works):
+            revision = self.leases.held.get(work.partition)
+            if revision is not None and self._current(work.partition, work.acquired):
+                fenced.append((index, revision))
+        if len(fenced) > 1:
             try:
-                committed = self._commit(revision, partition, items)
-                for (index, _, _), answer in zip(items, committed, strict=True):
-                    answers[index] = answer
-                return [answer for answer in answers if answer is not None]
-            except FencedError:
-                raise
-            except AppError:
+                answers = self._commit(
+                    [(works[i].partition, revision) for i, revision in fenced],
+                    [works[i].group for i, _ in fenced],
+                )
+                for (index, _), answered in zip(fenced, answers, strict=True):
+                    outcomes[index] = answered
+                return outcomes
+            except (FencedError, AppError):
                 pass  # one of them: each on its own, below
-        for one in items:
+            except Exception as exc:  # the database away, or a bug: each group is told
+                for index, _ in fenced:
+                    outcomes[index] = exc
+                return outcomes
+        for index, revision in fenced:
             try:
-                (answers[one[0]],) = self._commit(revision, partition, [one])
-            except FencedError:
-                raise
-            except AppError as exc:
-                answers[one[0]] = _problem(exc)
-        return [answer for answer in answers if answer is not None]
+                outcomes[index] = self._process_alone(works[index], revision)
+            except Exception as exc:
+                outcomes[index] = exc
+        return outcomes
+
+    def _process_alone(self, work: _Work, revision: int) -> list[list[Answer]]:
+        fence = [(work.partition, revision)]
+        try:
+            (answers,) = self._commit(fence, [work.group])
+            return answers
+        except FencedError:
+            raise
+        except AppError as exc:
+            if sum(len(one.batches) for one in work.group) == 1:
+                return [
+                    [_problem(one.problem)] if one.problem else [_problem(exc)]
+                    for one in work.group
+                ]
+            # one of its batches: each on its own, below
+        answers = [[_problem(one.problem)] if one.problem else [] for one in work.group]
+        for one, answered in zip(work.group, answers, strict=True):
+            for batch in one.batches:
+                single = Parsed(one.message, [batch], one.with_results, None)
+                try:
+                    ((answer,),) = self._commit(fence, [[single]])[0]
+                except FencedError:
+                    raise
+                except AppError as exc:
+                    answer = _problem(exc)
+                answered.append(answer)
+        return answers
 
     def _commit(
-        self, revision: int, partition: int, items: list[tuple[int, StreamReadingsIn, bool]]
-    ) -> list[Answer]:
+        self, fences: list[tuple[int, int]], groups: list[list[Parsed]]
+    ) -> list[list[list[Answer]]]:
+        """One transaction: the partitions' fences, then every batch of the groups; each
+        message's answers (a problem for one that was not a batch of readings)."""
         engine = self.engine
+        batches = [batch for group in groups for one in group for batch in one.batches]
         with engine.database.session() as session:
-            bus_repo.fence(session, partition, revision)
-            outcomes = ingest_request(
-                engine.settings,
-                engine.streams,
-                engine.metrics,
-                session,
-                [(item.stream, item.readings) for _, item, _ in items],
+            bus_repo.fence(session, dict(fences))
+            outcomes = iter(
+                ingest_request(
+                    engine.settings,
+                    engine.streams,
+                    engine.metrics,
+                    session,
+                    [(batch.stream, batch.readings) for batch in batches],
+                )
             )
-        self.committed += len(items)
-        answers = []
-        for outcome, (_, _, with_results) in zip(outcomes, items, strict=True):
-            body = to_json(answer_of(outcome, with_results))
-            if len(body) <= fits(self.bus):
-                answers.append(Answer(200, body))
-            else:
-                answers.append(
-                    Answer(200, to_json(answer_of(outcome, False)), results_omitted=True)
+        self.committed += len(batches)
+        answers: list[list[list[Answer]]] = []
+        for group in groups:
+            answers.append([])
+            for one in group:
+                mine = [next(outcomes) for _ in one.batches]
+                answers[-1].append(
+                    [_problem(one.problem)] if one.problem else self._answers(mine, one)
                 )
         return answers
 
-    async def _reply(self, message: Msg, answer: Answer) -> None:
+    def _answers(self, outcomes: list[IngestOutcome], one: Parsed) -> list[Answer]:
+        """A message's answers, with a result per reading if asked and if they fit in one
+        message; else without (saying so)."""
+        if one.with_results:
+            answers = [Answer(200, to_json(answer_of(outcome, True))) for outcome in outcomes]
+            if len(reply_of(answers)) <= fits(self.bus):
+                return answers
+        omitted = one.with_results
+        return [
+            Answer(200, to_json(answer_of(outcome, False)), results_omitted=omitted)
+            for outcome in outcomes
+        ]
+
+    async def _reply(self, message: Msg, answers: list[Answer]) -> None:
         reply = (message.headers or {}).get(REPLY_HEADER)
         if not reply:
             return
         with contextlib.suppress(nats.errors.Error):
-            headers = {STATUS_HEADER: str(answer.status), "Content-Type": answer.media_type}
-            if answer.results_omitted:
-                headers[OMITTED_HEADER] = "1"
-            await self.bus.connection.publish(reply, answer.body, headers=headers)
+            await self.bus.connection.publish(reply, reply_of(answers))
 
 
-GROUP = 256  # batches committed together at most (a POST of many streams' readings)
+@dataclass(frozen=True)
+class Parsed:
+    """A message read: its batches (none if it was not a batch of readings: then the problem
+    it is answered with), and whether its sender asked for results."""
+
+    message: Msg
+    batches: list[StreamReadingsIn]
+    with_results: bool
+    problem: AppError | None
 
 
-def _groups(messages: list[Msg]) -> list[list[Msg]]:
-    """The messages in order, cut where a stream comes again (one request holds a stream once)
-    or a group is full. Streams are told apart by the batch's message id (`stream/...`)."""
-    groups: list[list[Msg]] = []
+@dataclass(frozen=True)
+class _Work:
+    """A partition's group of messages waiting for a transaction, and their answers to come."""
+
+    partition: int
+    acquired: int
+    group: list[Parsed]
+    answers: asyncio.Future[list[list[Answer]]]
+
+
+def _parse(message: Msg) -> Parsed:
+    with_results = (message.headers or {}).get(RESULTS_HEADER, "1") != "0"
+    try:
+        body = ManyReadingsIn.model_validate_json(message.data)
+    except ValidationError as exc:  # the API checked it: only a foreign publisher
+        problem = DataError(f"not a message of readings: {exc.errors()[0]['msg']}")
+        return Parsed(message, [], with_results, problem)
+    return Parsed(message, body.streams, with_results, None)
+
+
+GROUP = 256  # batches committed together at most from one partition
+
+
+def _groups(messages: list[Parsed]) -> list[list[Parsed]]:
+    """The messages in order, cut where a stream comes again (one request holds a stream
+    once) or a group is full."""
+    groups: list[list[Parsed]] = []
     seen: set[str] = set()
-    for message in messages:
-        stream = ((message.headers or {}).get(MSG_ID_HEADER) or "").split("/", 1)[0]
-        if not groups or stream in seen or not stream or len(groups[-1]) >= GROUP:
+    size = 0
+    for one in messages:
+        streams = {batch.stream for batch in one.batches}
+        if not groups or not seen.isdisjoint(streams) or size + len(streams) > GROUP:
             groups.append([])
-            seen = set()
-        groups[-1].append(message)
-        seen.add(stream)
+            seen, size = set(), 0
+        groups[-1].append(one)
+        seen |= streams
+        size += len(one.batches)
     return groups
 
 
@@ -313,13 +413,22 @@ def _problem(error: AppError) -> Answer:
     return Answer(error.status, to_json(error.problem()), PROBLEM_MEDIA_TYPE)
 
 
-async def run_worker(settings: Settings, *, metrics_port: int | None, name: str | None) -> None:
+async def run_worker(
+    settings: Settings,
+    *,
+    metrics_port: int | None,
+    name: str | None,
+    after_startup: Callable[[], None] | None = None,
+) -> None:
     """The `twinwatch worker` process: until SIGTERM or SIGINT (then its partitions are given
-    back at once, after a checkpoint of its streams)."""
+    back at once, after a checkpoint of its streams). `after_startup`: once the engine is
+    open (the serving process's garbage-collector tuning, as for `twinwatch serve`)."""
     if not settings.bus_url:
         raise DataError("a worker needs the bus: set TWINWATCH_BUS_URL (nats://host:4222)")
     metrics = Metrics(settings.metrics_per_stream)
     engine = await asyncio.to_thread(open_engine, settings, metrics, default_loader)
+    if after_startup is not None:
+        after_startup()
     if metrics_port:
         start_http_server(metrics_port, registry=metrics.registry)
     name = name or worker_name()

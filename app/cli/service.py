@@ -119,4 +119,11 @@ def worker_command(
 
     settings = load_settings()
     configure_logging(settings)
-    asyncio.run(run_worker(settings, metrics_port=metrics_port or None, name=name))
+    asyncio.run(
+        run_worker(
+            settings,
+            metrics_port=metrics_port or None,
+            name=name,
+            after_startup=tune_gc_for_serving,
+        )
+    )

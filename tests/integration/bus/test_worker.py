@@ -19,7 +19,8 @@ import pytest
 from app.bus.jetstream import STREAM, open_bus
 from app.bus.leases import Leases
 from app.bus.messages import Answer
-from app.bus.publisher import Batch, store_all, submit
+from app.bus.partitions import partition_of
+from app.bus.publisher import Batch, store_all, submit, submit_all
 from app.bus.worker import Worker
 from app.main import Engine, open_engine
 from app.metrics import Metrics
@@ -218,17 +219,23 @@ async def test_a_worker_that_lost_its_lease_cannot_commit(
         with database.session() as session:
             bus_repo.prepare(session, PARTITIONS)
         with database.session() as session:
-            bus_repo.fence(session, 0, stale)
+            bus_repo.fence(session, {0: stale})
         # It stops beating (paused) past its lease; another worker takes the partition.
         await asyncio.sleep(LEASE_S + 0.5)
         new = Leases(second.leases, "new", PARTITIONS)
         await new.beat()
         assert new.held[0] > stale
         with database.session() as session:
-            bus_repo.fence(session, 0, new.held[0])
+            bus_repo.fence(session, {0: new.held[0]})
         # The old one wakes and commits: refused, before it even learns it lost the lease.
         with pytest.raises(FencedError), database.session() as session:
-            bus_repo.fence(session, 0, stale)
+            bus_repo.fence(session, {0: stale})
+        # Fenced with other partitions in one transaction: refused all the same, and named.
+        with pytest.raises(FencedError) as refused, database.session() as session:
+            bus_repo.fence(session, {1: 1, 0: stale, 2: 1})
+        assert refused.value.extra["partitions"] == [0]
+        with database.session() as session:
+            bus_repo.fence(session, {1: 1, 0: new.held[0], 2: 1})
         lost = await old.beat()
         assert 0 in lost.lost and 0 not in old.held
     finally:
@@ -275,3 +282,41 @@ async def test_batches_waiting_together_commit_together_and_a_bad_one_alone(
     with database.session() as session:
         for stream in streams:
             assert reading_repo.count(session, stream_id=stream) == 30
+
+
+@pytest.mark.anyio
+async def test_a_request_of_many_streams_is_answered_in_its_order_across_partitions(
+    nats: NatsServer, database: Database, models_dir: Path, tmp_path: Path
+) -> None:
+    """One request's batches go as one message a partition; the partitions' groups waiting
+    together commit in one transaction; the answers come back in the request's order, a
+    refused stream's problem among them while the others are committed."""
+    streams = [f"pump-{index}" for index in range(12)]
+    partitions = {partition_of(stream, PARTITIONS) for stream in streams}
+    assert 1 < len(partitions) < len(streams)  # several partitions, some holding several
+    with database.session() as session:
+        for stream in streams:
+            make_stream(session, stream)
+    engine = engine_for(database, models_dir, tmp_path)
+    api = await open_bus(nats.url, name="api", partitions=PARTITIONS, lease_s=LEASE_S)
+    try:
+        async with running(engine, nats.url, "worker") as worker:
+            await until(lambda: len(worker.leases.held) == PARTITIONS, "the worker took them")
+            order = [*streams[6:], "nobody", *streams[:6]]
+            batches = [Batch(stream, *batch(stream, 0, 5)) for stream in order]
+            answers = await submit_all(api, batches, with_results=True, wait_s=WAIT_S)
+            assert len(answers) == len(order)
+            for stream, answer in zip(order, answers, strict=True):
+                if stream == "nobody":
+                    assert answer.status == 404
+                    assert json.loads(answer.body)["detail"].startswith("stream 'nobody'")
+                else:
+                    assert answer.status == 200, answer
+                    body = answered(answer)
+                    assert body["accepted"] == 5 and len(body["results"]) == 5
+            assert worker.committed == len(streams)
+    finally:
+        await api.close()
+    with database.session() as session:
+        for stream in streams:
+            assert reading_repo.count(session, stream_id=stream) == 5

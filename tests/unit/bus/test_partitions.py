@@ -39,9 +39,22 @@ def test_streams_spread_evenly() -> None:
 
 def test_a_batch_is_known_by_its_stream_and_times() -> None:
     times = np.arange(5, dtype=np.int64) * 100_000 + 1_700_000_000_000_000
-    same = message_id("pump-1", times.copy())
-    assert message_id("pump-1", times) == same
-    assert message_id("pump-2", times) != same
-    assert message_id("pump-1", times[:4]) != same
-    assert message_id("pump-1", times + 1) != same
+    same = message_id([("pump-1", times.copy())])
+    assert message_id([("pump-1", times)]) == same
+    assert message_id([("pump-2", times)]) != same
+    assert message_id([("pump-1", times[:4])]) != same
+    assert message_id([("pump-1", times + 1)]) != same
     assert same.startswith("pump-1/5/")
+
+
+def test_a_message_of_many_streams_is_known_by_all_of_them() -> None:
+    times = np.arange(3, dtype=np.int64) * 100_000 + 1_700_000_000_000_000
+    both = message_id([("pump-1", times), ("pump-2", times)])
+    assert both.startswith("pump-1+1/6/")
+    assert message_id([("pump-1", times), ("pump-2", times)]) == both
+    assert message_id([("pump-2", times), ("pump-1", times)]) != both
+    assert message_id([("pump-1", times), ("pump-3", times)]) != both
+    # Stream ids are kept apart: "ab" + "c" is not "a" + "bc".
+    assert message_id([("ab", times[:0]), ("c", times)]) != message_id(
+        [("a", times[:0]), ("bc", times)]
+    )

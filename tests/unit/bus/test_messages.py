@@ -1,0 +1,77 @@
+"""How a request's batches become messages (one a partition, cut to the largest message the
+server takes) and how a worker's answer to a message travels back (a line a batch)."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+from typing import Any, cast
+
+import numpy as np
+import pytest
+
+from app.bus.jetstream import HEADROOM, Bus
+from app.bus.messages import Answer, answers_of, body_of, reply_of
+from app.bus.partitions import partition_of
+from app.bus.publisher import Batch, _messages
+from app.errors import PayloadTooLargeError
+
+
+def fake_bus(partitions: int, largest_body: int) -> Bus:
+    connection = SimpleNamespace(max_payload=largest_body + HEADROOM)
+    return cast(Bus, SimpleNamespace(connection=connection, partitions=partitions))
+
+
+def one_batch(stream: str, readings: int = 1) -> Batch:
+    items = [{"t": 1_767_225_600.0 + i / 10, "value": float(i)} for i in range(readings)]
+    body = json.dumps({"stream": stream, "readings": items}, separators=(",", ":")).encode()
+    return Batch(stream, body, np.arange(readings, dtype=np.int64))
+
+
+def test_a_request_goes_as_one_message_a_partition_in_its_order() -> None:
+    batches = [one_batch(f"pump-{index}") for index in range(20)]
+    messages = _messages(fake_bus(4, 1 << 20), batches)
+    assert sorted(index for m in messages for index in m.indexes) == list(range(20))
+    assert len(messages) == len({partition_of(b.stream_id, 4) for b in batches})
+    for message in messages:
+        assert message.indexes == sorted(message.indexes)
+        assert {partition_of(batches[i].stream_id, 4) for i in message.indexes} == {
+            message.partition
+        }
+        body = json.loads(message.body)
+        assert [item["stream"] for item in body["streams"]] == [
+            batches[i].stream_id for i in message.indexes
+        ]
+
+
+def test_a_partition_s_batches_are_cut_to_fit_a_message() -> None:
+    batches = [one_batch(f"pump-{index}", readings=3) for index in range(10)]
+    size = len(batches[0].body)
+    messages = _messages(fake_bus(1, 3 * size + 40), batches)
+    assert [m.indexes for m in messages] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
+    assert all(len(m.body) <= 3 * size + 40 for m in messages)
+    assert len({m.msg_id for m in messages}) == len(messages)
+
+
+def test_one_stream_s_batch_too_large_for_a_message_is_refused_by_name() -> None:
+    batches = [one_batch("small"), one_batch("large", readings=50)]
+    with pytest.raises(PayloadTooLargeError) as refused:
+        _messages(fake_bus(4, 500), batches)
+    assert refused.value.extra["stream"] == "large"
+
+
+def test_a_worker_s_answer_comes_back_a_batch_a_line() -> None:
+    answers = [
+        Answer(200, b'{"accepted":1,"duplicates":0}'),
+        Answer(404, b'{"title":"Not found","detail":"a\\nb"}', "application/problem+json"),
+        Answer(200, b'{"accepted":2}', results_omitted=True),
+    ]
+    reply: Any = SimpleNamespace(data=reply_of(answers))
+    assert answers_of(reply) == answers
+
+
+def test_a_message_body_is_the_many_streams_request() -> None:
+    assert json.loads(body_of([b'{"stream":"a","readings":[]}'])) == {
+        "streams": [{"stream": "a", "readings": []}]
+    }
+    assert json.loads(body_of([])) == {"streams": []}
