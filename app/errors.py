@@ -78,6 +78,26 @@ class UnavailableError(AppError):
     type_slug = "unavailable"
 
 
+class ForwardedError(AppError):
+    """A problem a bus worker answered (`app/bus/`): told again as it was told there, with the
+    instance (the request's path) only the API process knows."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        super().__init__(str(problem.get("detail", "")))
+        self.status = status
+        self.told = problem
+
+    def problem(self, instance: str | None = None) -> dict[str, Any]:
+        rest = dict(self.told)
+        body: dict[str, Any] = {
+            key: rest.pop(key) for key in ("type", "title", "status", "detail") if key in rest
+        }
+        if instance is not None:
+            rest.pop("instance", None)
+            body["instance"] = instance
+        return body | rest
+
+
 class UnauthorizedError(AppError):
     status = 401
     title = "Unauthorized"

@@ -70,6 +70,7 @@ class Engine:
     streams: LiveStreams
     learner: Learner
     started_at: datetime
+    loader: ArtifactLoader  # how a model version's artifact directory is loaded
 
 
 def open_engine(
@@ -111,7 +112,9 @@ def open_engine(
     except BaseException:
         database.dispose()
         raise
-    return Engine(settings, database, registry, store, metrics, streams, learner, started_at)
+    return Engine(
+        settings, database, registry, store, metrics, streams, learner, started_at, loader
+    )
 
 
 def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> AppState:
@@ -127,16 +130,22 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
     except BaseException:
         engine.database.dispose()
         raise
+    return state_of(engine, runner)
+
+
+def state_of(engine: Engine, jobs: JobRunner) -> AppState:
+    """What a request handler works with, over an engine: an API process's, or a worker's
+    (which runs the handlers of the changes it makes: `app/api/changes.py`)."""
     return AppState(
-        settings=settings,
+        settings=engine.settings,
         database=engine.database,
         registry=engine.registry,
         store=engine.store,
-        loader=loader,
-        metrics=metrics,
+        loader=engine.loader,
+        metrics=engine.metrics,
         streams=engine.streams,
         learner=engine.learner,
-        jobs=runner,
+        jobs=jobs,
         started_at=engine.started_at,
     )
 

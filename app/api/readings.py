@@ -6,6 +6,7 @@ blocks the event loop. The request's session is the transaction: a 2xx answer me
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from functools import partial
@@ -26,6 +27,7 @@ from app.errors import (
     AppError,
     ConflictError,
     DataError,
+    ForwardedError,
     NotFoundError,
     PayloadTooLargeError,
     UnavailableError,
@@ -231,7 +233,7 @@ def on_the_bus(
     failed = next((answer for answer in answers if answer.status != 200), None)
     headers = {RESULTS_OMITTED: "1"} if any(a.results_omitted for a in answers) else None
     if failed is not None:  # on the bus the other streams' batches may be committed
-        return Response(failed.body, failed.status, media_type=failed.media_type)
+        raise ForwardedError(failed.status, json.loads(failed.body))
     if not many:
         body = answers[0].body
     else:

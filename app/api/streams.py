@@ -12,8 +12,10 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response, status
+from pydantic_core import to_json
 from sqlalchemy.orm import Session
 
+from app.api.changes import Handler, answered, forward
 from app.api.deps import (
     AppState,
     ReadAccess,
@@ -24,6 +26,7 @@ from app.api.deps import (
     utcnow,
 )
 from app.api.queries import CursorQuery, LimitQuery
+from app.bus.messages import Answer
 from app.errors import AppError, ConflictError, DataError
 from app.learning.thresholds import LEARNED_DETECTORS
 from app.registry import AUTO
@@ -92,7 +95,7 @@ def put_stream(
     session: SessionDep,
     state: StateDep,
     response: Response,
-) -> StreamOut:
+) -> StreamOut | Response:
     """Create the stream (201) or replace its configuration (200).
 
     The model, the channels and `has_reference` shape the stream's state and stored readings:
@@ -100,6 +103,11 @@ def put_stream(
     Detector overrides and the sample period can change at any time; so can a learning stream's
     learning period and budget until it has learned (a change restarts a fit in progress).
     """
+    if state.bus is not None and stream_repo.get(session, stream_id) is not None:
+        # The model named as this process names it: its default may not be the worker's.
+        named = config.model_dump(mode="json", exclude_unset=True)
+        named["model"] = config.model or state.settings.default_model
+        return forward(state, "configure", stream_id, to_json(named))
     model_name = config.model or state.settings.default_model
     overrides = _detector_overrides(config)
     learning = None
@@ -327,7 +335,7 @@ def get_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) ->
 )
 def switch_model(
     stream_id: StreamIdPath, choice: ModelChoice, session: SessionDep, state: StateDep
-) -> StreamOut:
+) -> StreamOut | Response:
     """From its next reading on, the stream runs the version named (of its model, or of
     another with as many channels). Readings are never lost, skipped or processed twice: the
     switch holds the stream as a request of readings does. The new version starts warm: it has
@@ -336,6 +344,8 @@ def switch_model(
     the same call with the previous version (the answer's `model_version` before the call).
     A stream of model "auto" runs the versions of its own learned models, named
     `auto.<stream id>`: its first fit, the revisions of its thresholds, its jobs' candidates."""
+    if state.bus is not None:
+        return forward(state, "switch", stream_id, choice.model_dump_json().encode())
     stream_repo.require(session, stream_id)
     target = state.target(session, choice.name, choice.version)
     switched = state.streams.switch(session, stream_id, target)
@@ -379,6 +389,8 @@ def switch_model(
     operation_id="deleteStream",
 )
 def delete_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) -> Response:
+    if state.bus is not None:
+        return forward(state, "delete", stream_id)
     stream_repo.require(session, stream_id)
     state.streams.delete(session, stream_id)
     stream_repo.delete(session, stream_id)
@@ -391,3 +403,25 @@ def _position(position: tuple[int, int | None] | None) -> tuple[int, datetime | 
         return None
     samples, last = position
     return samples, None if last is None else reading_repo.datetime_at(last)
+
+
+# On the bus, the stream's worker makes these changes (`app/api/changes.py`): the same
+# handlers, called there with the worker's state.
+
+
+def _configure(state: AppState, session: Session, stream_id: str, body: bytes) -> Answer:
+    response = Response()
+    config = StreamConfig.model_validate_json(body)
+    return answered(put_stream(stream_id, config, session, state, response), response)
+
+
+def _switch(state: AppState, session: Session, stream_id: str, body: bytes) -> Answer:
+    choice = ModelChoice.model_validate_json(body)
+    return answered(switch_model(stream_id, choice, session, state))
+
+
+def _delete(state: AppState, session: Session, stream_id: str, body: bytes) -> Answer:
+    return answered(delete_stream(stream_id, session, state))
+
+
+CHANGES: dict[str, Handler] = {"configure": _configure, "switch": _switch, "delete": _delete}

@@ -13,6 +13,8 @@ from app.schemas import PROBLEM_MEDIA_TYPE
 MSG_ID_HEADER = "Nats-Msg-Id"  # JetStream drops a second message of this id within its window
 REPLY_HEADER = "Twinwatch-Reply"  # where the committing worker answers (the API waits there)
 RESULTS_HEADER = "Twinwatch-Results"  # "0": the answer without a result per reading
+CHANGE_HEADER = "Twinwatch-Change"  # a change of a stream (`app/api/changes.py`), not readings
+STREAM_HEADER = "Twinwatch-Stream"  # the stream a change is of
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,11 @@ from nats.js.api import PubAck
 
 from app.bus.jetstream import Bus, fits
 from app.bus.messages import (
+    CHANGE_HEADER,
     MSG_ID_HEADER,
     REPLY_HEADER,
     RESULTS_HEADER,
+    STREAM_HEADER,
     Answer,
     answers_of,
     body_of,
@@ -94,7 +96,10 @@ async def submit_all(
     (Every message's size is checked before any is published.)"""
     messages = _messages(bus, batches)
     answered = await asyncio.gather(
-        *(_submit(bus, message, with_results=with_results, wait_s=wait_s) for message in messages)
+        *(
+            _submit(bus, message, {RESULTS_HEADER: "1" if with_results else "0"}, wait_s=wait_s)
+            for message in messages
+        )
     )
     answers: list[Answer | None] = [None] * len(batches)
     for message, ones in zip(messages, answered, strict=True):
@@ -124,8 +129,17 @@ async def store_all(bus: Bus, batches: list[Batch]) -> None:
     )
 
 
+async def change(bus: Bus, stream_id: str, kind: str, body: bytes, *, wait_s: float) -> Answer:
+    """A change of a stream (`app/api/changes.py`) through its partition, behind the readings
+    published before it, and the answer of the worker that makes it."""
+    message = _Message(partition_of(stream_id, bus.partitions), [0], body, uuid.uuid4().hex)
+    headers = {CHANGE_HEADER: kind, STREAM_HEADER: stream_id}
+    (answer,) = await _submit(bus, message, headers, wait_s=wait_s)
+    return answer
+
+
 async def _submit(
-    bus: Bus, message: _Message, *, with_results: bool, wait_s: float
+    bus: Bus, message: _Message, headers: dict[str, str], *, wait_s: float
 ) -> list[Answer]:
     if bus.replies is None:
         bus.replies = Replies(bus.connection)
@@ -134,11 +148,7 @@ async def _submit(
         inbox, answer = await replies.expect()
     except (nats.errors.Error, TimeoutError) as exc:
         raise BusAwayError(str(exc) or type(exc).__name__) from exc
-    headers = {
-        MSG_ID_HEADER: message.msg_id,
-        REPLY_HEADER: inbox,
-        RESULTS_HEADER: "1" if with_results else "0",
-    }
+    headers = headers | {MSG_ID_HEADER: message.msg_id, REPLY_HEADER: inbox}
     try:
         stored = await _publish(bus, message.partition, message.body, headers)
         if stored.duplicate:

@@ -36,12 +36,21 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 
 from app.api.readings import answer_of, ingest_request
+from app.api.streams import CHANGES
 from app.bus.jetstream import Bus, fits, open_bus, worker_name
 from app.bus.leases import Leases
-from app.bus.messages import REPLY_HEADER, RESULTS_HEADER, Answer, reply_of
+from app.bus.messages import (
+    CHANGE_HEADER,
+    REPLY_HEADER,
+    RESULTS_HEADER,
+    STREAM_HEADER,
+    Answer,
+    reply_of,
+)
 from app.bus.partitions import partition_of
 from app.errors import AppError, DataError
-from app.main import Engine, open_engine
+from app.jobs.runner import JobRunner
+from app.main import Engine, open_engine, state_of
 from app.metrics import Metrics
 from app.registry import default_loader
 from app.schemas import PROBLEM_MEDIA_TYPE, ManyReadingsIn, StreamReadingsIn
@@ -87,6 +96,9 @@ class Worker:
         self.committed = 0  # batches committed (tests and metrics read it)
         self.waiting: list[_Work] = []  # groups for the next transaction
         self.committing: asyncio.Task[None] | None = None  # the task that commits them
+        # The handlers of the changes it makes run with it; a job they queue waits for an API
+        # process's runner (this one never starts).
+        self.state = state_of(engine, JobRunner(engine.database, engine.settings))
 
     async def _run(self, function: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
@@ -257,8 +269,15 @@ class Worker:
         fenced: list[tuple[int, int]] = []  # (work, the revision its partition is held at)
         for index, work in enumerate(works):
             revision = self.leases.held.get(work.partition)
-            if revision is not None and self._current(work.partition, work.acquired):
+            if revision is None or not self._current(work.partition, work.acquired):
+                continue
+            if work.group[0].change is None:
                 fenced.append((index, revision))
+                continue
+            try:  # a change: in a transaction of its own
+                outcomes[index] = [[self._change(work.partition, revision, work.group[0])]]
+            except Exception as exc:
+                outcomes[index] = exc
         if len(fenced) > 1:
             try:
                 answers = self._commit(
@@ -280,6 +299,23 @@ class Worker:
             except Exception as exc:
                 outcomes[index] = exc
         return outcomes
+
+    def _change(self, partition: int, revision: int, one: Parsed) -> Answer:
+        """A change of a stream, made by the handler the embedded service runs for it, in one
+        transaction with the partition's fence."""
+        handler = CHANGES.get(one.change or "")
+        if handler is None or one.stream is None:
+            return _problem(DataError(f"not a change a worker makes: {one.change!r}"))
+        try:
+            with self.engine.database.session() as session:
+                bus_repo.fence(session, {partition: revision})
+                return handler(self.state, session, one.stream, one.message.data)
+        except FencedError:
+            raise
+        except AppError as exc:
+            return _problem(exc)
+        except ValidationError as exc:  # the API checked it: only a foreign publisher
+            return _problem(DataError(f"not a change of a stream: {exc.errors()[0]['msg']}"))
 
     def _process_alone(self, work: _Work, revision: int) -> list[list[Answer]]:
         fence = [(work.partition, revision)]
@@ -367,6 +403,8 @@ class Parsed:
     batches: list[StreamReadingsIn]
     with_results: bool
     problem: AppError | None
+    change: str | None = None  # a change of `stream` (`app/api/changes.py`), not readings
+    stream: str | None = None
 
 
 @dataclass(frozen=True)
@@ -380,7 +418,10 @@ class _Work:
 
 
 def _parse(message: Msg) -> Parsed:
-    with_results = (message.headers or {}).get(RESULTS_HEADER, "1") != "0"
+    headers = message.headers or {}
+    with_results = headers.get(RESULTS_HEADER, "1") != "0"
+    if CHANGE_HEADER in headers:
+        return Parsed(message, [], False, None, headers[CHANGE_HEADER], headers.get(STREAM_HEADER))
     try:
         body = ManyReadingsIn.model_validate_json(message.data)
     except ValidationError as exc:  # the API checked it: only a foreign publisher
@@ -394,13 +435,14 @@ GROUP = 256  # batches committed together at most from one partition
 
 def _groups(messages: list[Parsed]) -> list[list[Parsed]]:
     """The messages in order, cut where a stream comes again (one request holds a stream
-    once) or a group is full."""
+    once) or a group is full; a change is a group of its own."""
     groups: list[list[Parsed]] = []
     seen: set[str] = set()
     size = 0
     for one in messages:
         streams = {batch.stream for batch in one.batches}
-        if not groups or not seen.isdisjoint(streams) or size + len(streams) > GROUP:
+        alone = one.change is not None or (groups and groups[-1][0].change is not None)
+        if not groups or alone or not seen.isdisjoint(streams) or size + len(streams) > GROUP:
             groups.append([])
             seen, size = set(), 0
         groups[-1].append(one)

@@ -437,16 +437,13 @@ class LiveStreams:
         pending.held[stream_id].live = None
 
     def _refuse_on_the_bus(self, session: Session, stream_id: str, change: str) -> None:
-        """On the bus a stream's state is its worker's: an API process may not change it (the
-        worker would carry on under what it holds). Asked of the database, not of a state this
-        process restored for a read earlier."""
+        """On the bus a stream's state is its worker's, and so are its changes: an API process
+        publishes them to the worker (`app/api/changes.py`). One that reaches this far in an
+        API process is a bug, refused before it can race the worker."""
         if self.follower and reading_repo.any_for(session, stream_id=stream_id):
-            raise ConflictError(
-                f"stream {stream_id!r} has readings and runs on the bus, whose workers hold "
-                f"its state: {change} is not possible there yet. Stop the workers, make the "
-                "change through a `twinwatch serve` without TWINWATCH_BUS_URL on the same "
-                "database, then start them again (docs/scaling.md)",
-                stream=stream_id,
+            raise RuntimeError(
+                f"{change} of stream {stream_id!r} in an API process on the bus: its worker "
+                "makes it (app/api/changes.py)"
             )
 
     def adopt(

@@ -2,9 +2,10 @@
 own `nats-server`) and PostgreSQL:
 
 - on the bus, `serve` answers a POST of readings byte for byte as the embedded service does
-  (the lab record, its alarms); `?wait=false` answers 202 once the bus holds the batch; with no
-  worker, a POST answers 503 (Retry-After, safe to re-send) and its batch is committed once a
-  worker comes;
+  (the lab record, its alarms), before and after a change of the stream's detectors, which
+  its worker makes; a model switch and a deletion are made there too; `?wait=false` answers
+  202 once the bus holds the batch; with no worker, a POST answers 503 (Retry-After, safe to
+  re-send) and its batch is committed once a worker comes;
 - a worker SIGKILLed while readings pour in loses nothing and doubles nothing, and the survivor
   has taken its partitions over within 10 s."""
 
@@ -83,6 +84,11 @@ async def pour(url: str, kill: WorkerProcess, survivor: str) -> float:
     return takeover[0]
 
 
+def timeless(stream: dict[str, object]) -> dict[str, object]:
+    """A stream's description without the times it was created and updated at."""
+    return {key: value for key, value in stream.items() if not key.endswith("_at")}
+
+
 def test_on_the_bus_serve_answers_as_the_embedded_service(
     make_server: ServerFactory, databases: ExitStack, tmp_path: Path, calibrated_models: Path
 ) -> None:
@@ -104,7 +110,15 @@ def test_on_the_bus_serve_answers_as_the_embedded_service(
 
         for client in (alone, bus):
             assert client.put("/v1/streams/pump-1", json={}).status_code == 201
+        change = {"detectors": {"point": {"threshold": 4.5}}}
         for first in range(0, 8000, 500):
+            if first == 4000:
+                # A change goes through the stream's partition to its worker, which makes it
+                # as the embedded service does: the readings after it are answered alike.
+                expected = alone.put("/v1/streams/pump-1", json=change)
+                changed = bus.put("/v1/streams/pump-1", json=change)
+                assert changed.status_code == expected.status_code == 200, changed.text
+                assert timeless(changed.json()) == timeless(expected.json())
             expected = alone.post(
                 "/v1/streams/pump-1/readings", json=lab_readings(first, first + 500)
             )
@@ -114,13 +128,17 @@ def test_on_the_bus_serve_answers_as_the_embedded_service(
             alone.get("/v1/alarms", params={"limit": 1000}).json()["items"]
         )
         missing = bus.post("/v1/streams/nobody/readings", json=lab_readings(0, 3))
-        assert missing.status_code == 404
+        expected = alone.post("/v1/streams/nobody/readings", json=lab_readings(0, 3))
+        assert (missing.status_code, missing.content) == (404, expected.content)
         assert missing.headers["content-type"] == "application/problem+json"
         described = bus.get("/v1/streams/pump-1").json()
         assert described["samples_seen"] == 8000
-        # Its workers hold its state: the API does not change it behind them (yet).
-        changed = bus.put("/v1/streams/pump-1", json={"detectors": {"point": {"threshold": 9}}})
-        assert changed.status_code == 409 and "runs on the bus" in changed.json()["detail"]
+        # A switch is the worker's too: refused there as the embedded service refuses it.
+        switch = {"name": "lstm-seed0", "version": 1}
+        switched = bus.post("/v1/streams/pump-1/model", json=switch)
+        expected = alone.post("/v1/streams/pump-1/model", json=switch)
+        assert (switched.status_code, switched.json()) == (expected.status_code, expected.json())
+        assert switched.status_code == 409 and "already" in switched.json()["detail"]
 
         # Not waiting: stored on the bus, committed by the worker.
         stored = bus.post("/v1/streams/pump-1/readings?wait=false", json=lab_readings(8000, 8100))
@@ -155,6 +173,11 @@ def test_on_the_bus_serve_answers_as_the_embedded_service(
         assert again.status_code == 200, again.text
         assert (again.json()["accepted"], again.json()["duplicates"]) == (0, 100)
         assert bus.get("/v1/streams/pump-1").json()["samples_seen"] == 8200
+        # Deleted through its worker: gone, and its readings refused as of an unknown stream.
+        assert bus.delete("/v1/streams/pump-1").status_code == 204
+        assert bus.get("/v1/streams/pump-1").status_code == 404
+        gone = bus.post("/v1/streams/pump-1/readings", json=lab_readings(8200, 8210))
+        assert gone.status_code == 404, gone.text
     api.stop()
     embedded.stop()
 

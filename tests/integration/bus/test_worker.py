@@ -20,7 +20,7 @@ from app.bus.jetstream import STREAM, open_bus
 from app.bus.leases import Leases
 from app.bus.messages import Answer
 from app.bus.partitions import partition_of
-from app.bus.publisher import Batch, store_all, submit, submit_all
+from app.bus.publisher import Batch, change, store_all, submit, submit_all
 from app.bus.worker import Worker
 from app.main import Engine, open_engine
 from app.metrics import Metrics
@@ -30,12 +30,13 @@ from app.storage.repositories import bus as bus_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories.bus import FencedError
-from tests.integration.conftest import T0, fake_loader, make_stream
+from tests.integration.conftest import T0, fake_loader, make_stream, write_fake_model
 from tests.support.nats import NatsServer, nats_server
 
 PARTITIONS = 8
 LEASE_S = 2.0
 WAIT_S = 20.0
+NEVER = {"kind": "point", "threshold": 1e9}  # a version that never alarms
 
 
 @pytest.fixture
@@ -320,3 +321,44 @@ async def test_a_request_of_many_streams_is_answered_in_its_order_across_partiti
     with database.session() as session:
         for stream in streams:
             assert reading_repo.count(session, stream_id=stream) == 5
+
+
+@pytest.mark.anyio
+async def test_a_change_is_made_by_the_worker_in_the_stream_s_turn(
+    nats: NatsServer, database: Database, models_dir: Path, tmp_path: Path
+) -> None:
+    """A switch published after readings waiting on the bus is made after them, by the worker,
+    with the handler the embedded service runs; the readings after it run the new version.
+    A deletion likewise: the stream's readings after it are refused as an unknown stream's."""
+    engine_for(database, models_dir, tmp_path).database.dispose()  # version 1 registered
+    write_fake_model(models_dir, "lstm-seed0", thresholds={"detectors": [NEVER]})
+    engine = engine_for(database, models_dir, tmp_path)  # version 2, active: never alarms
+    with database.session() as session:
+        make_stream(session, "pump-1")
+    api = await open_bus(nats.url, name="api", partitions=PARTITIONS, lease_s=LEASE_S)
+    try:
+        waiting = [Batch("pump-1", *batch("pump-1", 0, 60, swing=5.0))]
+        await store_all(api, waiting)  # before any worker runs, as the switch is
+        async with running(engine, nats.url, "worker") as worker:
+            to_one = json.dumps({"name": "lstm-seed0", "version": 1}).encode()
+            switched = await change(api, "pump-1", "switch", to_one, wait_s=WAIT_S)
+            assert switched.status == 200, switched.body
+            described = answered(switched)
+            assert described["model_version"] == 1 and described["samples_seen"] == 60
+            assert worker.committed == 1
+            body, times = batch("pump-1", 60, 40, swing=5.0)
+            loud = answered(
+                await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
+            )
+            assert {alarm["model_version"] for alarm in loud["opened"]} == {"1"}
+            unknown = await change(api, "pump-1", "rename", b"{}", wait_s=WAIT_S)
+            assert unknown.status == 422
+            deleted = await change(api, "pump-1", "delete", b"", wait_s=WAIT_S)
+            assert deleted.status == 204
+            body, times = batch("pump-1", 100, 5)
+            gone = await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
+            assert gone.status == 404
+    finally:
+        await api.close()
+    with database.session() as session:
+        assert reading_repo.count(session, stream_id="pump-1") == 0
