@@ -170,14 +170,24 @@ def _track(
         metrics.set_open_incidents(stream_id, incident_repo.open_counts(session).get(stream_id, 0))
 
 
-def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -> None:
-    """Restore every stream (its checkpoint and the readings after it), so its metric series
-    (alarm counters included) exist from the first scrape after a restart and an alarm raised
-    then is seen as an increase."""
+def resume_streams(
+    database: Database,
+    streams: LiveStreams,
+    metrics: Metrics,
+    only: Callable[[str], bool] | None = None,
+) -> None:
+    """Restore every stream (`only` those it accepts: a bus worker's partition) from its
+    checkpoint and the readings after it, so its metric series (alarm counters included)
+    exist from the first scrape after a restart, an alarm raised then is seen as an increase,
+    and a stream silent since is seen to be."""
     started = time.monotonic()
-    for stream_id, problem in streams.restore_all():
+    for stream_id, problem in streams.restore_all(only):
         log.warning("stream %s cannot resume: %s", stream_id, problem)
+    resumed = 0
     for live in streams.live_streams():
+        if only is not None and not only(live.stream_id):
+            continue
+        resumed += 1
         metrics.track_stream(
             live.stream_id, live.recurrence.monitor.kinds, live.recurrence.monitor.thresholds
         )
@@ -185,10 +195,12 @@ def resume_streams(database: Database, streams: LiveStreams, metrics: Metrics) -
             metrics.publish_stale(live.stream_id, stale=True)
     with database.session() as session:
         for stream in stream_repo.list_all(session):
-            metrics.track_stream(stream.id, detectors=())
+            if only is None or only(stream.id):
+                metrics.track_stream(stream.id, detectors=())
         for stream_id, count in incident_repo.open_counts(session).items():
-            metrics.set_open_incidents(stream_id, count)
-    log.info("%d streams resumed in %.1f s", len(streams), time.monotonic() - started)
+            if only is None or only(stream_id):
+                metrics.set_open_incidents(stream_id, count)
+    log.info("%d streams resumed in %.1f s", resumed, time.monotonic() - started)
 
 
 def create_app(

@@ -8,10 +8,11 @@ worker that stops beating loses its leases when they expire, and the others take
 (each aims at its fair share: the partitions over the live workers, rounded up; one holding more
 gives the surplus back, so a worker that joins gets its share).
 
-The revision of a partition's key grows with every write to the bucket, so it also fences the
-database: each commit for a partition must carry a revision at least the last one committed
-(`storage/repositories/bus.py`). A worker that was paused past its lease (a stop, a partition
-of the network) and wakes to commit is refused there, before it learns it lost the lease."""
+A lease says who may consume a partition; who may commit for it, PostgreSQL says: a worker
+that acquires a lease counts a takeover of the partition there and commits only while the
+count is still its own (`storage/repositories/bus.py`). A worker that was paused past its lease
+(a stop, a partition of the network) and wakes to commit is refused there, before it learns it
+lost the lease, whatever the bucket remembers."""
 
 from __future__ import annotations
 

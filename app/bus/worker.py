@@ -34,6 +34,7 @@ from pydantic import ValidationError
 from pydantic_core import to_json
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
+from sqlalchemy.orm import Session
 
 from app.api.readings import answer_of, ingest_request
 from app.api.streams import CHANGES
@@ -50,7 +51,7 @@ from app.bus.messages import (
 from app.bus.partitions import partition_of
 from app.errors import AppError, DataError
 from app.jobs.runner import JobRunner
-from app.main import Engine, open_engine, state_of
+from app.main import Engine, open_engine, resume_streams, state_of
 from app.metrics import Metrics
 from app.registry import default_loader
 from app.schemas import PROBLEM_MEDIA_TYPE, ManyReadingsIn, StreamReadingsIn
@@ -58,6 +59,7 @@ from app.settings import Settings
 from app.storage.repositories import bus as bus_repo
 from app.storage.repositories.bus import FencedError
 from app.streams.ingest import IngestOutcome
+from app.streams.stale import StaleWatch
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,6 +96,8 @@ class Worker:
         self.tasks: dict[int, tuple[int, asyncio.Task[None]]] = {}
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinwatch-worker")
         self.committed = 0  # batches committed (tests and metrics read it)
+        # partition -> (the lease it was taken at, the epoch PostgreSQL counted for it then)
+        self.epochs: dict[int, tuple[int, int]] = {}
         self.waiting: list[_Work] = []  # groups for the next transaction
         self.committing: asyncio.Task[None] | None = None  # the task that commits them
         # The handlers of the changes it makes run with it; a job they queue waits for an API
@@ -104,8 +108,15 @@ class Worker:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Until `stop` is set: beat, then a task for each partition held, none for another."""
+        """Until `stop` is set: beat, then a task for each partition held, none for another;
+        the streams it holds watched for silence meanwhile (`TWINWATCH_STALE_PERIODS`)."""
         await self._run(self._prepare)
+        settings = self.engine.settings
+        watch = None
+        if settings.stale_periods > 0:
+            streams, metrics = self.engine.streams, self.engine.metrics
+            watch = StaleWatch(streams, metrics, periods=settings.stale_periods, fence=self._own)
+            watch.start()
         try:
             while not stop.is_set():
                 try:
@@ -116,6 +127,8 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self.bus.lease_s / 3)
         finally:
+            if watch is not None:
+                await asyncio.to_thread(watch.stop)
             # A clean stop: its streams checkpointed while it still holds their partitions,
             # then the partitions given back at once.
             for _, task in self.tasks.values():
@@ -156,11 +169,65 @@ class Worker:
             if partition_of(live.stream_id, self.bus.partitions) == partition:
                 streams.forget(live.stream_id)
 
+    def _resume(self, partition: int) -> None:
+        """The partition's streams restored as soon as it is taken, not at their next batch:
+        their metric series are here from then on, and a stream silent since is seen to be."""
+        try:
+            resume_streams(
+                self.engine.database,
+                self.engine.streams,
+                self.engine.metrics,
+                only=lambda stream_id: partition_of(stream_id, self.bus.partitions) == partition,
+            )
+        except OUTAGES as exc:  # restored at their next batch, then
+            log.warning("partition %d: its streams not resumed (%s)", partition, exc)
+
+    def _own(self, session: Session, stream_id: str) -> bool:
+        """In `session`: the fence of the stream's partition if this worker holds it (for an
+        alarm it raises on its own: a stale one); False if it does not."""
+        partition = partition_of(stream_id, self.bus.partitions)
+        acquired = self.leases.acquired.get(partition)
+        epoch = None if acquired is None else self._epoch(partition, acquired)
+        if epoch is None:
+            return False
+        try:
+            bus_repo.fence(session, {partition: epoch})
+        except FencedError:
+            return False
+        return True
+
     def _current(self, partition: int, acquired: int) -> bool:
         return self.leases.acquired.get(partition) == acquired
 
+    def _epoch(self, partition: int, acquired: int) -> int | None:
+        """The epoch the partition was taken at under this lease, while it is held."""
+        taken = self.epochs.get(partition)
+        if taken is None or taken[0] != acquired or not self._current(partition, acquired):
+            return None
+        return taken[1]
+
+    async def _take(self, partition: int, acquired: int) -> int | None:
+        """The partition taken in PostgreSQL (a new epoch) under this lease; None once the
+        lease is not this one any more."""
+        while self._current(partition, acquired):
+            try:
+                return await self._run(self._take_now, partition)
+            except OUTAGES as exc:
+                log.warning("partition %d: cannot take it (%s); trying again", partition, exc)
+                await asyncio.sleep(RETRY_S)
+        return None
+
+    def _take_now(self, partition: int) -> int:
+        with self.engine.database.session() as session:
+            return bus_repo.take(session, partition)
+
     async def _consume(self, partition: int, acquired: int) -> None:
         await self._run(self._forget, partition)  # (after any batch of an earlier lease)
+        epoch = await self._take(partition, acquired)
+        if epoch is None:
+            return
+        self.epochs[partition] = (acquired, epoch)
+        await self._run(self._resume, partition)
         subscription = await self._subscribe(partition, acquired)
         try:
             while subscription is not None and self._current(partition, acquired):
@@ -182,6 +249,8 @@ class Worker:
                     await subscription.unsubscribe()
                 subscription = await self._subscribe(partition, acquired)
         finally:
+            if self.epochs.get(partition, (None, 0))[0] == acquired:
+                del self.epochs[partition]
             if subscription is not None:
                 with contextlib.suppress(nats.errors.Error, TimeoutError):
                     await subscription.unsubscribe()
@@ -266,22 +335,22 @@ class Worker:
         own, and then, if it still fails for a batch, each of its batches on its own: only
         that one is refused."""
         outcomes: list[list[list[Answer]] | BaseException] = [StaleError()] * len(works)
-        fenced: list[tuple[int, int]] = []  # (work, the revision its partition is held at)
+        fenced: list[tuple[int, int]] = []  # (work, the epoch its partition was taken at)
         for index, work in enumerate(works):
-            revision = self.leases.held.get(work.partition)
-            if revision is None or not self._current(work.partition, work.acquired):
+            epoch = self._epoch(work.partition, work.acquired)
+            if epoch is None:
                 continue
             if work.group[0].change is None:
-                fenced.append((index, revision))
+                fenced.append((index, epoch))
                 continue
             try:  # a change: in a transaction of its own
-                outcomes[index] = [[self._change(work.partition, revision, work.group[0])]]
+                outcomes[index] = [[self._change(work.partition, epoch, work.group[0])]]
             except Exception as exc:
                 outcomes[index] = exc
         if len(fenced) > 1:
             try:
                 answers = self._commit(
-                    [(works[i].partition, revision) for i, revision in fenced],
+                    [(works[i].partition, epoch) for i, epoch in fenced],
                     [works[i].group for i, _ in fenced],
                 )
                 for (index, _), answered in zip(fenced, answers, strict=True):
@@ -293,14 +362,14 @@ class Worker:
                 for index, _ in fenced:
                     outcomes[index] = exc
                 return outcomes
-        for index, revision in fenced:
+        for index, epoch in fenced:
             try:
-                outcomes[index] = self._process_alone(works[index], revision)
+                outcomes[index] = self._process_alone(works[index], epoch)
             except Exception as exc:
                 outcomes[index] = exc
         return outcomes
 
-    def _change(self, partition: int, revision: int, one: Parsed) -> Answer:
+    def _change(self, partition: int, epoch: int, one: Parsed) -> Answer:
         """A change of a stream, made by the handler the embedded service runs for it, in one
         transaction with the partition's fence."""
         handler = CHANGES.get(one.change or "")
@@ -308,7 +377,7 @@ class Worker:
             return _problem(DataError(f"not a change a worker makes: {one.change!r}"))
         try:
             with self.engine.database.session() as session:
-                bus_repo.fence(session, {partition: revision})
+                bus_repo.fence(session, {partition: epoch})
                 return handler(self.state, session, one.stream, one.message.data)
         except FencedError:
             raise
@@ -317,8 +386,8 @@ class Worker:
         except ValidationError as exc:  # the API checked it: only a foreign publisher
             return _problem(DataError(f"not a change of a stream: {exc.errors()[0]['msg']}"))
 
-    def _process_alone(self, work: _Work, revision: int) -> list[list[Answer]]:
-        fence = [(work.partition, revision)]
+    def _process_alone(self, work: _Work, epoch: int) -> list[list[Answer]]:
+        fence = [(work.partition, epoch)]
         try:
             (answers,) = self._commit(fence, [work.group])
             return answers

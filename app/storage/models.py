@@ -353,11 +353,12 @@ class ReadingBatch(Base):
 
 
 class BusPartition(Base):
-    """A bus partition's fence (`app/bus/leases.py`): the lease revision of the last commit
-    for it. A commit must carry a revision at least this one, so a worker that lost the lease
-    while paused cannot write after the partition's new owner."""
+    """A bus partition's fence (`app/storage/repositories/bus.py`): how many times a worker
+    took it. A worker that takes the partition's lease counts one more and commits for it only
+    while the count is still its own, so one that lost the lease while paused cannot write
+    after the partition's new owner took it."""
 
     __tablename__ = "bus_partitions"
 
     partition: Mapped[int] = mapped_column(Integer(), primary_key=True, autoincrement=False)
-    lease_revision: Mapped[int] = mapped_column(BigInteger())
+    epoch: Mapped[int] = mapped_column(BigInteger())

@@ -754,12 +754,15 @@ class LiveStreams:
                 live.checkpoint_due = live.state.samples + self.checkpoint_every
         return written
 
-    def restore_all(self) -> list[tuple[str, str]]:
-        """Restore every stream (at start-up, so every stream's metric series exist from the
-        first scrape). Returns the streams that cannot be restored, with why."""
+    def restore_all(self, only: Callable[[str], bool] | None = None) -> list[tuple[str, str]]:
+        """Restore every stream (`only` those it accepts: a bus worker's partition), at
+        start-up, so every stream's metric series exist from the first scrape and a silent
+        one is seen to be. Returns the streams that cannot be restored, with why."""
         problems = []
         with self.database.session() as session:
             ids = [stream.id for stream in stream_repo.list_all(session)]
+        if only is not None:
+            ids = [stream_id for stream_id in ids if only(stream_id)]
         for start in range(0, len(ids), RESTORED_TOGETHER):
             chunk = ids[start : start + RESTORED_TOGETHER]
             try:

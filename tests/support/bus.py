@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-from nats.js.errors import NoKeysError
+from nats.js.errors import KeyNotFoundError, NoKeysError
 
 from app.bus.jetstream import LEASES_BUCKET, open_bus
 
@@ -54,7 +54,10 @@ async def holders(url: str) -> dict[int, str]:
             return held
         for key in keys:
             if key.startswith("p."):
-                entry = await kv.get(key)
+                try:
+                    entry = await kv.get(key)
+                except KeyNotFoundError:
+                    continue  # expired, or given back, since it was listed
                 held[int(key[2:])] = (entry.value or b"").decode()
         return held
     finally:

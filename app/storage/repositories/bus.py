@@ -1,4 +1,5 @@
-"""The bus partitions' fences (`BusPartition`)."""
+"""The bus partitions' fences (`BusPartition`): a count of takeovers PostgreSQL keeps, so that
+only the latest worker to take a partition commits for it, whatever NATS remembers."""
 
 from __future__ import annotations
 
@@ -11,52 +12,63 @@ from app.storage.models import BusPartition
 
 
 class FencedError(ConflictError):
-    """A commit for a partition whose lease a newer owner holds: nothing may be written."""
+    """A commit for a partition a worker took since: nothing may be written."""
 
 
 def prepare(session: Session, partitions: int) -> None:
-    """Every partition's fence row (revision 0 until a first commit), in its own transaction:
+    """Every partition's fence row (epoch 0 until a first takeover), in its own transaction:
     a worker starting beside another may find some already there."""
     present = set(session.scalars(select(BusPartition.partition)))
     for partition in range(partitions):
         if partition not in present:
-            session.add(BusPartition(partition=partition, lease_revision=0))
+            session.add(BusPartition(partition=partition, epoch=0))
     try:
         session.commit()
     except IntegrityError:
         session.rollback()  # added by another worker meanwhile
 
 
-def fence(session: Session, revisions: dict[int, int]) -> None:
-    """In the transaction of a commit for these partitions, each under a lease of its revision:
-    FencedError if a later lease committed already for one of them. Their rows stay locked
-    until the commit (taken in partition order, so two commits never wait for each other in a
-    cycle), so two owners' commits for a partition are in lease order. On PostgreSQL a commit
-    waits for those locks 5 s at most (then OperationalError: the database is as good as away
-    for it, and the batch is tried again), so a paused owner mid-transaction cannot hold its
-    successor up for ever."""
-    if session.get_bind().dialect.name == "postgresql":
-        session.execute(text("SET LOCAL lock_timeout = '5s'"))
+def take(session: Session, partition: int) -> int:
+    """Count a takeover of the partition (by a worker that has just acquired its lease) and
+    return its epoch: the token its commits for the partition carry. Waits for a commit of the
+    previous owner in progress (5 s at most on PostgreSQL), which then is the last it makes."""
+    _wait_briefly(session)
+    epoch = session.execute(
+        update(BusPartition)
+        .where(BusPartition.partition == partition)
+        .values(epoch=BusPartition.epoch + 1)
+        .returning(BusPartition.epoch)
+    ).scalar_one_or_none()
+    if epoch is None:
+        raise LookupError(f"partition {partition} has no fence row: prepare() first")
+    return int(epoch)
+
+
+def fence(session: Session, epochs: dict[int, int]) -> None:
+    """In the transaction of a commit for these partitions, each taken at its epoch:
+    FencedError if another worker took one of them since. Their rows stay locked until the
+    commit (taken in partition order, so two commits never wait for each other in a cycle),
+    so a takeover waits for a commit in progress and every later commit of the previous owner
+    is refused. On PostgreSQL a commit waits for those locks 5 s at most (then
+    OperationalError: the database is as good as away for it, and the batch is tried again),
+    so a paused owner mid-transaction cannot hold its successor up for ever."""
+    _wait_briefly(session)
     rows = session.execute(
-        select(BusPartition.partition, BusPartition.lease_revision)
-        .where(BusPartition.partition.in_(sorted(revisions)))
+        select(BusPartition.partition, BusPartition.epoch)
+        .where(BusPartition.partition.in_(sorted(epochs)))
         .order_by(BusPartition.partition)
         .with_for_update()
     ).all()
-    committed = {partition: revision for partition, revision in rows}
-    later = sorted(p for p, revision in revisions.items() if committed.get(p, 0) > revision)
-    if later:
+    current = {partition: epoch for partition, epoch in rows}
+    taken = sorted(p for p, epoch in epochs.items() if current.get(p) != epoch)
+    if taken:
         raise FencedError(
-            f"partition {later[0]}: a later lease than revision {revisions[later[0]]} committed; "
-            "this worker no longer owns it",
-            partitions=later,
+            f"partition {taken[0]}: taken by another worker since this one took it (epoch "
+            f"{epochs[taken[0]]}, now {current.get(taken[0])}); this worker no longer owns it",
+            partitions=taken,
         )
-    moved = [
-        {"partition": partition, "lease_revision": revision}
-        for partition, revision in revisions.items()
-        if partition in committed and committed[partition] != revision
-    ]
-    if moved:
-        session.execute(update(BusPartition), moved)
-    for partition in revisions.keys() - committed.keys():  # (`prepare` made them all)
-        session.add(BusPartition(partition=partition, lease_revision=revisions[partition]))
+
+
+def _wait_briefly(session: Session) -> None:
+    if session.get_bind().dialect.name == "postgresql":
+        session.execute(text("SET LOCAL lock_timeout = '5s'"))

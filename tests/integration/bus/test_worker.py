@@ -26,6 +26,7 @@ from app.main import Engine, open_engine
 from app.metrics import Metrics
 from app.settings import Settings
 from app.storage.db import Database
+from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import bus as bus_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
 from app.storage.repositories import readings as reading_repo
@@ -63,7 +64,9 @@ def batch(stream: str, first: int, count: int, *, swing: float = 0.0) -> tuple[b
     return json.dumps(body).encode(), micros
 
 
-def engine_for(database: Database, models_dir: Path, tmp_path: Path) -> Engine:
+def engine_for(
+    database: Database, models_dir: Path, tmp_path: Path, *, stale_periods: float = 0
+) -> Engine:
     settings = Settings(
         database_url=database.url,
         models_dir=models_dir,
@@ -71,7 +74,7 @@ def engine_for(database: Database, models_dir: Path, tmp_path: Path) -> Engine:
         data_dir=tmp_path / "data",
         migrate_on_start=False,
         shipped_models=False,
-        stale_periods=0,
+        stale_periods=stale_periods,
     )
     return open_engine(settings, Metrics(), fake_loader)
 
@@ -216,27 +219,34 @@ async def test_a_worker_that_lost_its_lease_cannot_commit(
     try:
         old = Leases(first.leases, "old", PARTITIONS)
         await old.beat()
-        stale = old.held[0]
+        assert 0 in old.held
         with database.session() as session:
             bus_repo.prepare(session, PARTITIONS)
+        with database.session() as session:
+            stale = bus_repo.take(session, 0)  # its epoch, counted in PostgreSQL
         with database.session() as session:
             bus_repo.fence(session, {0: stale})
         # It stops beating (paused) past its lease; another worker takes the partition.
         await asyncio.sleep(LEASE_S + 0.5)
         new = Leases(second.leases, "new", PARTITIONS)
         await new.beat()
-        assert new.held[0] > stale
+        assert 0 in new.held
         with database.session() as session:
-            bus_repo.fence(session, {0: new.held[0]})
+            taken = bus_repo.take(session, 0)
+        assert taken == stale + 1
+        with database.session() as session:
+            bus_repo.fence(session, {0: taken})
         # The old one wakes and commits: refused, before it even learns it lost the lease.
         with pytest.raises(FencedError), database.session() as session:
             bus_repo.fence(session, {0: stale})
         # Fenced with other partitions in one transaction: refused all the same, and named.
+        with database.session() as session:
+            others = {1: bus_repo.take(session, 1), 2: bus_repo.take(session, 2)}
         with pytest.raises(FencedError) as refused, database.session() as session:
-            bus_repo.fence(session, {1: 1, 0: stale, 2: 1})
+            bus_repo.fence(session, {**others, 0: stale})
         assert refused.value.extra["partitions"] == [0]
         with database.session() as session:
-            bus_repo.fence(session, {1: 1, 0: new.held[0], 2: 1})
+            bus_repo.fence(session, {**others, 0: taken})
         lost = await old.beat()
         assert 0 in lost.lost and 0 not in old.held
     finally:
@@ -362,3 +372,41 @@ async def test_a_change_is_made_by_the_worker_in_the_stream_s_turn(
         await api.close()
     with database.session() as session:
         assert reading_repo.count(session, stream_id="pump-1") == 0
+
+
+@pytest.mark.anyio
+async def test_a_worker_raises_a_stale_alarm_for_a_silent_stream_it_holds(
+    nats: NatsServer, database: Database, models_dir: Path, tmp_path: Path
+) -> None:
+    """Silence is watched where the stream is held: the worker that takes a partition restores
+    its streams at once, so one that went silent before (under another worker) is seen to be,
+    and its stale alarm is written under the partition's fence."""
+    with database.session() as session:
+        make_stream(session, "pump-1")  # 10 Hz: stale after 5 periods, half a second
+    api = await open_bus(nats.url, name="api", partitions=PARTITIONS, lease_s=LEASE_S)
+    try:
+        quiet = engine_for(database, models_dir, tmp_path / "first")  # watches nothing
+        async with running(quiet, nats.url, "first"):
+            body, times = batch("pump-1", 0, 30)
+            answer = await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
+            assert answer.status == 200
+        quiet.database.dispose()
+        with database.session() as session:
+            assert alarm_repo.list_open(session, stream_id="pump-1") == []
+
+        engine = engine_for(database, models_dir, tmp_path / "second", stale_periods=5)
+        async with running(engine, nats.url, "second") as worker:
+            await until(lambda: len(worker.leases.held) == PARTITIONS, "the worker took them")
+
+            def stale() -> bool:
+                with database.session() as session:
+                    open_ = alarm_repo.list_open(session, stream_id="pump-1")
+                return [alarm.detector for alarm in open_] == ["stale"]
+
+            await until(stale, "the silent stream's stale alarm")
+            # Its next reading closes it, as in the embedded service.
+            body, times = batch("pump-1", 30, 1)
+            answer = await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
+            assert [alarm["detector"] for alarm in answered(answer)["closed"]] == ["stale"]
+    finally:
+        await api.close()
