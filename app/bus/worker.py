@@ -103,6 +103,8 @@ class Worker:
         # The handlers of the changes it makes run with it; a job they queue waits for an API
         # process's runner (this one never starts).
         self.state = state_of(engine, JobRunner(engine.database, engine.settings))
+        # What it writes on its own (fits, revisions, stale alarms) goes under the fence too.
+        engine.streams.owns = self._own
 
     async def _run(self, function: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self.executor, function, *args)
@@ -115,7 +117,7 @@ class Worker:
         watch = None
         if settings.stale_periods > 0:
             streams, metrics = self.engine.streams, self.engine.metrics
-            watch = StaleWatch(streams, metrics, periods=settings.stale_periods, fence=self._own)
+            watch = StaleWatch(streams, metrics, periods=settings.stale_periods)
             watch.start()
         try:
             while not stop.is_set():
@@ -183,8 +185,8 @@ class Worker:
             log.warning("partition %d: its streams not resumed (%s)", partition, exc)
 
     def _own(self, session: Session, stream_id: str) -> bool:
-        """In `session`: the fence of the stream's partition if this worker holds it (for an
-        alarm it raises on its own: a stale one); False if it does not."""
+        """In `session`: the fence of the stream's partition if this worker holds it (for what
+        it writes on its own: a fit adopted, a revision, a stale alarm); False if it does not."""
         partition = partition_of(stream_id, self.bus.partitions)
         acquired = self.leases.acquired.get(partition)
         epoch = None if acquired is None else self._epoch(partition, acquired)
@@ -315,11 +317,19 @@ class Worker:
 
     async def _commit_waiting(self) -> None:
         while self.waiting:
-            works = [work for work in self.waiting if not work.answers.done()]
-            self.waiting = []
+            works = self._next_transaction()
             if not works:
                 continue
-            outcomes = await self._run(self._process, works)
+            try:
+                outcomes: list[list[list[Answer]] | BaseException] = await self._run(
+                    self._process, works
+                )
+            except asyncio.CancelledError:  # no group left waiting for ever
+                for work in works:
+                    work.answers.cancel()
+                raise
+            except Exception as exc:  # (the executor shut down)
+                outcomes = [exc] * len(works)
             for work, outcome in zip(works, outcomes, strict=True):
                 if work.answers.done():  # its partition's task was cancelled meanwhile
                     continue
@@ -327,6 +337,24 @@ class Worker:
                     work.answers.set_exception(outcome)
                 else:
                     work.answers.set_result(outcome)
+
+    def _next_transaction(self) -> list[_Work]:
+        """The groups waiting, in order, up to as many readings as one request may hold
+        (`TWINWATCH_MAX_BATCH`; one group at least): a transaction no larger than the
+        embedded service commits. The rest wait for the next."""
+        most = self.engine.settings.max_batch
+        taken: list[_Work] = []
+        readings = 0
+        while self.waiting:
+            work = self.waiting[0]
+            size = sum(max(1, len(b.readings)) for one in work.group for b in one.batches)
+            if taken and readings + size > most:
+                break
+            self.waiting.pop(0)
+            if not work.answers.done():  # (its partition's task was cancelled meanwhile)
+                taken.append(work)
+                readings += size
+        return taken
 
     def _process(self, works: list[_Work]) -> list[list[list[Answer]] | BaseException]:
         """Groups of several partitions, committed with their partitions' fences in one

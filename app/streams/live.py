@@ -167,6 +167,10 @@ class LiveStreams:
         self._recurrences: dict[tuple[str, str, str], Recurrence] = {}
         # Called (after the commit) when a learning stream has all its learning readings.
         self.on_learning_due: Callable[[str], object] | None = None
+        # On the bus, a worker's: called first in a transaction that writes a stream's state on
+        # its own initiative (a fit adopted, a revision, a stale alarm); False if the worker no
+        # longer holds the stream's partition, and nothing is written.
+        self.owns: Callable[[Session, str], bool] | None = None
 
     def recurrence_for(self, model: RegisteredModel, overrides: dict[str, Any]) -> Recurrence:
         """One recurrence per model and detector overrides, shared by every stream configured
@@ -464,6 +468,8 @@ class LiveStreams:
         rows; None if the stream was reconfigured, deleted or has learned meanwhile. The job
         that fitted it (`job_id`, running) succeeds in the same transaction."""
         with self.database.session() as session:
+            if self.owns is not None and not self.owns(session, stream_id):
+                return None  # another worker holds it now, and fits it again
             # The stream's lock first, then its row: ingest holds the lock while its inserts
             # need the row, so the other order could deadlock.
             try:
@@ -541,6 +547,8 @@ class LiveStreams:
         it learned again or was revised meanwhile (`fitted_at`, `revisions`: what the revision
         was computed from)."""
         with self.database.session() as session:
+            if self.owns is not None and not self.owns(session, stream_id):
+                return False  # another worker holds it now, and revises it again
             try:
                 live = self.hold(session, [stream_id])[0]
             except NotFoundError:

@@ -16,9 +16,6 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
-
-from sqlalchemy.orm import Session
 
 from app.metrics import Metrics
 from app.monitoring.alarms import AlarmEvent
@@ -43,20 +40,10 @@ def stale_limit_s(live: LiveStream, periods: float) -> float | None:
 class StaleWatch:
     """The timer: a daemon thread that opens `stale` alarms (ingest closes them)."""
 
-    def __init__(
-        self,
-        streams: LiveStreams,
-        metrics: Metrics,
-        *,
-        periods: float,
-        fence: Callable[[Session, str], bool] | None = None,
-    ) -> None:
-        """`fence`: called first in the transaction that would open a stream's alarm; False
-        to leave it alone (a bus worker's, for a stream whose partition it no longer holds)."""
+    def __init__(self, streams: LiveStreams, metrics: Metrics, *, periods: float) -> None:
         self.streams = streams
         self.metrics = metrics
         self.periods = periods
-        self.fence = fence
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="twinwatch-stale", daemon=True)
 
@@ -89,8 +76,9 @@ class StaleWatch:
 
     def _open(self, live: LiveStream, moment: float, limit: float) -> bool:
         with self.streams.database.session() as session:
-            if self.fence is not None and not self.fence(session, live.stream_id):
-                return False  # (before the stream is held: the order of a worker's commits)
+            owns = self.streams.owns  # (on the bus; before the stream is held, as a commit)
+            if owns is not None and not owns(session, live.stream_id):
+                return False
             held = self.streams.hold(session, [live.stream_id])[0]
             if held is not live or live.stale_since is not None:
                 return False  # it moved meanwhile

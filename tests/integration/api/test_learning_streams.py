@@ -314,3 +314,36 @@ def test_thresholds_are_revised_on_normal_readings_and_survive_a_restart(
         (2, "active", "revision"),
     ]
     assert versions[1]["source"] == {"stream": "v", "from_sample": 1200}
+
+
+def test_a_fit_is_not_adopted_by_a_process_that_no_longer_holds_the_stream(
+    auto_client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the bus a worker adopts a fit only while it holds the stream's partition (its
+    `owns` check, in the adopting transaction): one that lost it meanwhile writes nothing,
+    and the stream's new holder fits it again."""
+    client = auto_client
+    put = client.put(
+        "/v1/streams/pump", json={"channels": list(CHANNELS), "learning": {"readings": 300}}
+    )
+    assert put.status_code == 201, put.text
+    release, started = hold_the_fit(monkeypatch)
+    answer = client.post(
+        "/v1/streams/pump/readings", json={"readings": readings(normal(300), 0, channels=CHANNELS)}
+    )
+    assert answer.status_code == 200, answer.text
+    assert started.wait(10)
+    streams = client.app_state["twinwatch"].streams
+    asked: list[str] = []
+
+    def lost(_session: Any, stream_id: str) -> bool:
+        asked.append(stream_id)
+        return False
+
+    streams.owns = lost
+    release.set()
+    wait_for(lambda: asked == ["pump"])
+    time.sleep(0.2)  # (the fit's transaction ends)
+    stream = client.get("/v1/streams/pump").json()
+    assert stream["phase"] == "learning" and stream["learned_model"] is None
+    assert client.get("/v1/models/auto.pump").status_code == 404
