@@ -58,4 +58,6 @@ def forward(state: AppState, kind: str, stream_id: str, body: bytes = b"") -> Re
         ) from None
     if answer.status >= 400:
         raise ForwardedError(answer.status, json.loads(answer.body))
+    if not answer.body:  # (204: no content, and no content type)
+        return Response(status_code=answer.status)
     return Response(answer.body, answer.status, media_type=answer.media_type or None)

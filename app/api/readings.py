@@ -152,9 +152,12 @@ def ingest_request(
     metrics: Metrics,
     session: Session,
     items: list[tuple[str, list[ReadingIn]]],
+    *,
+    count_refused: bool = True,
 ) -> list[IngestOutcome]:
     """Run a request's readings through ingest (an API process's, or a bus worker's for the
-    batches it consumes); count refused readings per stream."""
+    batches it consumes); count refused readings per stream (unless `count_refused` is False:
+    a worker's attempt of many batches, which it tries again one by one if one is refused)."""
     try:
         _check_size(settings, items)
         return ingest(
@@ -164,7 +167,7 @@ def ingest_request(
         raise
     except AppError as exc:
         reason = exc.extra.get("reason")
-        if isinstance(reason, str):
+        if isinstance(reason, str) and count_refused:
             blamed = exc.extra.get("stream")
             for stream_id, readings in items:
                 if blamed is None or stream_id == blamed:

@@ -41,7 +41,9 @@ def reply_of(answers: list[Answer]) -> bytes:
 
 
 def answers_of(reply: Msg) -> list[Answer]:
-    answers = []
+    answers: list[Answer] = []
+    if not reply.data:  # (a message of no batches)
+        return answers
     for line in reply.data.split(b"\n"):
         status, omitted, body = line.split(b" ", 2)
         code = int(status)

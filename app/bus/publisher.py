@@ -58,6 +58,14 @@ class _Message:
     msg_id: str
 
 
+_UNANSWERED = Answer(
+    500,
+    b'{"type":"https://twinwatch.dev/problems/internal-error","title":"Internal server error",'
+    b'"status":500,"detail":"the worker answered none of the batches (it has been logged)"}',
+    "application/problem+json",
+)
+
+
 class Replies:
     """Where a process waits for workers' answers: one subscription of its own (`<inbox>.*`),
     each awaited answer a subject under it, instead of a subscription per message."""
@@ -104,7 +112,7 @@ async def submit_all(
     answers: list[Answer | None] = [None] * len(batches)
     for message, ones in zip(messages, answered, strict=True):
         if len(ones) != len(message.indexes):  # a whole message refused: its one answer
-            ones = ones[:1] * len(message.indexes)
+            ones = (ones or [_UNANSWERED])[:1] * len(message.indexes)
         for index, answer in zip(message.indexes, ones, strict=True):
             answers[index] = answer
     return [answer for answer in answers if answer is not None]

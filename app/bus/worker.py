@@ -70,12 +70,6 @@ RETRY_S = 1.0  # how long a batch the database could not take waits before it is
 ACK_TIMEOUT_S = 10.0  # how long an acknowledgement waits for JetStream to confirm it
 ACK_WAIT_S = 60.0  # a batch delivered and neither acknowledged nor answered is delivered again
 OUTAGES = (OperationalError, InterfaceError, SQLAlchemyTimeoutError)
-INTERNAL_ERROR = {
-    "type": "https://twinwatch.dev/problems/internal-error",
-    "title": "Internal server error",
-    "status": 500,
-    "detail": "an unexpected error occurred; it has been logged (by the worker)",
-}
 
 
 class StaleError(Exception):
@@ -131,8 +125,13 @@ class Worker:
         finally:
             if watch is not None:
                 await asyncio.to_thread(watch.stop)
-            # A clean stop: its streams checkpointed while it still holds their partitions,
-            # then the partitions given back at once.
+            # A clean stop: the streams of the partitions it still holds checkpointed under
+            # their fences (before their tasks end: the fences are theirs), then the
+            # partitions given back at once.
+            try:
+                await self._run(self.engine.streams.checkpoint_all)
+            except Exception:
+                log.exception("worker %s: checkpointing at the stop failed", self.name)
             for _, task in self.tasks.values():
                 task.cancel()
             for _, task in self.tasks.values():
@@ -142,7 +141,6 @@ class Worker:
             if self.committing is not None:
                 with contextlib.suppress(Exception):
                     await self.committing
-            await self._run(self.engine.streams.checkpoint_all)
             with contextlib.suppress(nats.errors.Error, TimeoutError):
                 await self.leases.release_all()
             self.executor.shutdown(wait=True)
@@ -151,9 +149,15 @@ class Worker:
         """Whatever the heartbeat did (all of it, or part before it failed): a partition's task
         belongs to the lease it was taken at; one lost, or taken again since, is retired."""
         for partition, (acquired, task) in list(self.tasks.items()):
-            if self.leases.acquired.get(partition) != acquired:
+            if self.leases.acquired.get(partition) != acquired or task.done():
                 del self.tasks[partition]
                 task.cancel()
+                if task.done() and not task.cancelled() and task.exception() is not None:
+                    log.error(
+                        "partition %d: its task failed; started again",
+                        partition,
+                        exc_info=task.exception(),
+                    )
         for partition, acquired in self.leases.acquired.items():
             if partition not in self.tasks:
                 task = asyncio.create_task(self._consume(partition, acquired))
@@ -253,6 +257,8 @@ class Worker:
         finally:
             if self.epochs.get(partition, (None, 0))[0] == acquired:
                 del self.epochs[partition]
+            if not self._current(partition, acquired):  # lost: what it held goes too
+                await self._run(self._forget, partition)
             if subscription is not None:
                 with contextlib.suppress(nats.errors.Error, TimeoutError):
                     await subscription.unsubscribe()
@@ -274,7 +280,8 @@ class Worker:
         transaction (with whatever other partitions have waiting then); False at the first
         group not taken (it and the rest stay unacknowledged, to be delivered again in
         order)."""
-        for group in _groups([_parse(message) for message in messages]):
+        most = self.engine.settings.max_batch
+        for group in _groups([_parse(message) for message in messages], most):
             try:
                 answers = await self._committed(partition, acquired, group)
             except StaleError:
@@ -347,7 +354,7 @@ class Worker:
         readings = 0
         while self.waiting:
             work = self.waiting[0]
-            size = sum(max(1, len(b.readings)) for one in work.group for b in one.batches)
+            size = sum(_readings(one) for one in work.group)
             if taken and readings + size > most:
                 break
             self.waiting.pop(0)
@@ -384,12 +391,12 @@ class Worker:
                 for (index, _), answered in zip(fenced, answers, strict=True):
                     outcomes[index] = answered
                 return outcomes
-            except (FencedError, AppError):
-                pass  # one of them: each on its own, below
-            except Exception as exc:  # the database away, or a bug: each group is told
+            except OUTAGES as exc:  # the database away: each group waits and tries again
                 for index, _ in fenced:
                     outcomes[index] = exc
                 return outcomes
+            except Exception:  # (a fence, a refusal, a bug): each on its own, below
+                log.debug("a transaction of several partitions failed", exc_info=True)
         for index, epoch in fenced:
             try:
                 outcomes[index] = self._process_alone(works[index], epoch)
@@ -457,6 +464,7 @@ class Worker:
                     engine.metrics,
                     session,
                     [(batch.stream, batch.readings) for batch in batches],
+                    count_refused=len(batches) == 1,  # (else tried again one by one)
                 )
             )
         self.committed += len(batches)
@@ -530,22 +538,32 @@ def _parse(message: Msg) -> Parsed:
 GROUP = 256  # batches committed together at most from one partition
 
 
-def _groups(messages: list[Parsed]) -> list[list[Parsed]]:
+def _groups(messages: list[Parsed], most_readings: int) -> list[list[Parsed]]:
     """The messages in order, cut where a stream comes again (one request holds a stream
-    once) or a group is full; a change is a group of its own."""
+    once), or where a group would hold more than GROUP batches or `most_readings` readings
+    (what one request may: a message is one request's at most); a change is a group of its
+    own."""
     groups: list[list[Parsed]] = []
     seen: set[str] = set()
-    size = 0
+    batches = readings = 0
     for one in messages:
         streams = {batch.stream for batch in one.batches}
+        count = _readings(one)
         alone = one.change is not None or (groups and groups[-1][0].change is not None)
-        if not groups or alone or not seen.isdisjoint(streams) or size + len(streams) > GROUP:
+        full = batches + len(streams) > GROUP or readings + count > most_readings
+        if not groups or alone or not seen.isdisjoint(streams) or full:
             groups.append([])
-            seen, size = set(), 0
+            seen, batches, readings = set(), 0, 0
         groups[-1].append(one)
         seen |= streams
-        size += len(one.batches)
+        batches += len(one.batches)
+        readings += count
     return groups
+
+
+def _readings(one: Parsed) -> int:
+    """As a request's size counts them: a batch without readings counts as one."""
+    return sum(max(1, len(batch.readings)) for batch in one.batches)
 
 
 def _problem(error: AppError) -> Answer:

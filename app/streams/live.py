@@ -757,6 +757,8 @@ class LiveStreams:
                 slot = self._slots.get(stream_id)
                 if slot is None or slot.live is None:
                     continue
+                if self.owns is not None and not self.owns(session, stream_id):
+                    continue  # another worker's now: its state is that one's to write
                 live = self.hold(session, [stream_id])[0]
                 written += self.checkpoint(session, live, force=False)
                 live.checkpoint_due = live.state.samples + self.checkpoint_every

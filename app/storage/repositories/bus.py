@@ -46,18 +46,17 @@ def take(session: Session, partition: int) -> int:
 
 def fence(session: Session, epochs: dict[int, int]) -> None:
     """In the transaction of a commit for these partitions, each taken at its epoch:
-    FencedError if another worker took one of them since. Their rows stay locked until the
-    commit (taken in partition order, so two commits never wait for each other in a cycle),
-    so a takeover waits for a commit in progress and every later commit of the previous owner
-    is refused. On PostgreSQL a commit waits for those locks 5 s at most (then
-    OperationalError: the database is as good as away for it, and the batch is tried again),
-    so a paused owner mid-transaction cannot hold its successor up for ever."""
+    FencedError if another worker took one of them since. Their rows stay share-locked until
+    the commit (the owner's own transactions do not wait for each other), so a takeover waits
+    for a commit in progress and every later commit of the previous owner is refused. On
+    PostgreSQL a commit waits for a takeover in progress 5 s at most (then OperationalError:
+    the database is as good as away for it, and the batch is tried again)."""
     _wait_briefly(session)
     rows = session.execute(
         select(BusPartition.partition, BusPartition.epoch)
         .where(BusPartition.partition.in_(sorted(epochs)))
         .order_by(BusPartition.partition)
-        .with_for_update()
+        .with_for_update(read=True)  # (a takeover's UPDATE waits; the owner's own do not)
     ).all()
     current = {partition: epoch for partition, epoch in rows}
     taken = sorted(p for p, epoch in epochs.items() if current.get(p) != epoch)

@@ -75,3 +75,36 @@ def test_a_message_body_is_the_many_streams_request() -> None:
         "streams": [{"stream": "a", "readings": []}]
     }
     assert json.loads(body_of([])) == {"streams": []}
+
+
+def parsed(*streams: tuple[str, int]) -> Any:
+    """A message read by a worker: (stream, readings) batches."""
+    from app.bus.worker import Parsed
+    from app.schemas import StreamReadingsIn
+
+    batches = [
+        StreamReadingsIn.model_validate(
+            {"stream": name, "readings": [{"t": 1.0 + i, "value": 0.0} for i in range(count)]}
+        )
+        for name, count in streams
+    ]
+    return Parsed(cast(Any, None), batches, False, None)
+
+
+def test_a_worker_groups_distinct_streams_up_to_a_request_s_readings() -> None:
+    from app.bus.worker import Parsed, _groups
+
+    change = Parsed(cast(Any, None), [], False, None, change="switch", stream="d")
+    messages = [
+        parsed(("a", 3), ("b", 3)),  # 6 readings: as many as a group may hold
+        parsed(("c", 3)),
+        parsed(("d", 1)),  # with c's: 4 readings
+        parsed(("c", 1)),  # c again: a new group
+        parsed(("e", 6)),  # 1 + 6 readings: a new group
+        change,  # alone
+        parsed(("f", 1)),
+    ]
+    groups = _groups(messages, most_readings=6)
+    sizes = [[len(one.batches) for one in group] for group in groups]
+    assert sizes == [[2], [1, 1], [1], [1], [0], [1]]
+    assert groups[4] == [change]
