@@ -78,9 +78,10 @@ class StaleError(Exception):
 
 class Worker:
     """One worker process: its leases, a task per partition it holds (for the lease it took
-    it at), and the engine they share. Every database step runs on one thread, in the order
-    asked (`self.executor`): batches one at a time (one core's worth of work), and a
-    partition's streams forgotten only after its last batch in hand."""
+    it at), and the engine they share. Every commit runs on one thread, in the order asked
+    (`self.executor`): transactions one at a time (one core's worth of work), and a
+    partition's streams forgotten only after its last batch in hand. Taking a partition (its
+    epoch, its streams restored) runs beside it, before the partition's first batch."""
 
     def __init__(self, engine: Engine, bus: Bus, name: str | None = None) -> None:
         self.engine = engine
@@ -217,7 +218,9 @@ class Worker:
         lease is not this one any more."""
         while self._current(partition, acquired):
             try:
-                return await self._run(self._take_now, partition)
+                # Off the worker's database thread: a takeover may wait (5 s at most) for the
+                # previous owner's commit, and the other partitions' commits need not.
+                return await asyncio.to_thread(self._take_now, partition)
             except OUTAGES as exc:
                 log.warning("partition %d: cannot take it (%s); trying again", partition, exc)
                 await asyncio.sleep(RETRY_S)
@@ -233,7 +236,7 @@ class Worker:
         if epoch is None:
             return
         self.epochs[partition] = (acquired, epoch)
-        await self._run(self._resume, partition)
+        await asyncio.to_thread(self._resume, partition)  # (the others commit meanwhile)
         subscription = await self._subscribe(partition, acquired)
         try:
             while subscription is not None and self._current(partition, acquired):
