@@ -36,7 +36,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from sqlalchemy.orm import Session
 
-from app.api.readings import answer_of, ingest_request
+from app.api.readings import answer_of, ingest_request, request_size
 from app.api.streams import CHANGES
 from app.bus.jetstream import Bus, fits, open_bus, worker_name
 from app.bus.leases import Leases
@@ -565,8 +565,7 @@ def _groups(messages: list[Parsed], most_readings: int) -> list[list[Parsed]]:
 
 
 def _readings(one: Parsed) -> int:
-    """As a request's size counts them: a batch without readings counts as one."""
-    return sum(max(1, len(batch.readings)) for batch in one.batches)
+    return request_size([(batch.stream, batch.readings) for batch in one.batches])
 
 
 def _problem(error: AppError) -> Answer:

@@ -167,7 +167,7 @@ _SQLITE_INSERT = (
 
 def sqlite_time(t: datetime) -> str:
     """A time as SQLAlchemy stores a `UTCDateTime` in SQLite (naive UTC, microseconds), in a
-    quarter of the time its bind processors take (a test pins that the two agree)."""
+    fraction of the time its bind processors take (a test pins that the two agree)."""
     return t.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ", timespec="microseconds")
 
 
