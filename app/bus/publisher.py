@@ -75,13 +75,15 @@ class Replies:
         self.prefix = connection.new_inbox()
         self.waiting: dict[str, asyncio.Future[Msg]] = {}
         self.subscription: Subscription | None = None
+        self.subscribing = asyncio.Lock()  # (requests that come together subscribe once)
 
     async def expect(self) -> tuple[str, asyncio.Future[Msg]]:
         """A subject to be answered at, and the answer to come."""
-        if self.subscription is None:
-            self.subscription = await self.connection.subscribe(
-                f"{self.prefix}.*", cb=self._arrived
-            )
+        async with self.subscribing:
+            if self.subscription is None:
+                self.subscription = await self.connection.subscribe(
+                    f"{self.prefix}.*", cb=self._arrived
+                )
         token = uuid.uuid4().hex
         future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
         self.waiting[token] = future

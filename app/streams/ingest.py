@@ -445,7 +445,7 @@ def _committed(
         if outcome.result is None or open_peaks is None:
             continue
         if live.state.samples >= live.checkpoint_due:
-            live.checkpoint_due = live.state.samples + streams.checkpoint_every
+            live.checkpoint_due = streams.next_checkpoint(live.stream_id, live.state.samples)
         live.open_peaks = open_peaks
         live.last_arrival, live.stale_since = time.monotonic(), None
         metrics.publish(

@@ -304,7 +304,6 @@ class LiveStreams:
         recurrence = kind.recurrence
         if checkpoint is None:
             state = recurrence.new_state()
-            due = 1 + zlib.crc32(stream.id.encode()) % self.checkpoint_every  # staggered
         else:
             if checkpoint.state_version != STATE_VERSION:
                 raise DataError(f"stream {stream.id!r} has a checkpoint of another version")
@@ -315,7 +314,7 @@ class LiveStreams:
             except DataError:
                 # The detectors were reconfigured since: they start afresh from this reading.
                 state = recurrence.restore(saved, last_time, fresh_monitor=True)
-            due = state.samples + self.checkpoint_every
+        due = self.next_checkpoint(stream.id, state.samples)
         stored = [batch for batch in stored if batch.first_sample >= state.samples]
         if not stored:
             return state, due, None
@@ -521,7 +520,7 @@ class LiveStreams:
             live.open_peaks = {event.detector: event.peak for event in open_events}
             if live.state.samples:
                 self.checkpoint(session, live, force=True)
-            live.checkpoint_due = live.state.samples + self.checkpoint_every
+            live.checkpoint_due = self.next_checkpoint(stream_id, live.state.samples)
             pending.restored[stream_id] = live
         return applied
 
@@ -697,7 +696,7 @@ class LiveStreams:
             sample_period_s=period,
             recurrence=recurrence,
             state=state,
-            checkpoint_due=samples + self.checkpoint_every,
+            checkpoint_due=self.next_checkpoint(stream_id, samples),
         )
         self.checkpoint(session, switched, force=True)
         pending = _pending(session)
@@ -713,6 +712,14 @@ class LiveStreams:
         """The version a stream runs: the one it names, else its model's active one."""
         version = version_repo.run_by(session, stream)
         return "unknown" if version is None else str(version)
+
+    def next_checkpoint(self, stream_id: str, samples: int) -> int:
+        """The reading count at which a stream that has seen `samples` writes its next
+        checkpoint: every `checkpoint_every` readings, at a phase of its own. Streams fed
+        together (a gateway's ticks, a restart's checkpoints) would otherwise all come due on
+        the same request and hold it up while it writes them all."""
+        phase = zlib.crc32(stream_id.encode()) % self.checkpoint_every
+        return samples + 1 + (phase - samples - 1) % self.checkpoint_every
 
     def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
         """Write the stream's state (and its row's reading count), unless `force` is False and
@@ -761,7 +768,7 @@ class LiveStreams:
                     continue  # another worker's now: its state is that one's to write
                 live = self.hold(session, [stream_id])[0]
                 written += self.checkpoint(session, live, force=False)
-                live.checkpoint_due = live.state.samples + self.checkpoint_every
+                live.checkpoint_due = self.next_checkpoint(stream_id, live.state.samples)
         return written
 
     def restore_all(self, only: Callable[[str], bool] | None = None) -> list[tuple[str, str]]:

@@ -129,6 +129,37 @@ def test_a_stream_restored_from_the_database_continues_exactly(
     assert np.isfinite(resumed).all()
 
 
+def test_streams_fed_together_checkpoint_on_different_requests(
+    database: Database, models: Path
+) -> None:
+    """Twenty streams checkpointed together (a backfill's request, or a shutdown), then fed one
+    reading each a request: each writes its checkpoint every `checkpoint_every` readings, but
+    no request writes them all (it would stall it)."""
+    every = 10
+    service = Service(database, models, checkpoint_every=every)
+    names = [f"s{i}" for i in range(20)]
+    for name in names:
+        service.create(name)
+    service.ingest([(name, batch(0, 25, stream=i)) for i, name in enumerate(names)])
+
+    def saved() -> dict[str, int]:
+        with database.session() as session:
+            rows = {name: checkpoints.get(session, name) for name in names}
+            return {name: row.sample_count for name, row in rows.items() if row is not None}
+
+    written: list[int] = []
+    counts = saved()
+    assert set(counts.values()) == {25}
+    for sample in range(25, 25 + 3 * every):
+        service.ingest([(name, batch(sample, 1, stream=i)) for i, name in enumerate(names)])
+        now = saved()
+        written.append(sum(now[name] != counts[name] for name in names))
+        assert all(sample + 1 - now[name] < every for name in names)  # a replay stays short
+        counts = now
+    assert sum(written) == 3 * len(names)  # each stream every `every` readings
+    assert max(written) < len(names) // 2
+
+
 def test_a_switched_stream_restored_from_the_database_continues_exactly(
     database: Database, models: Path
 ) -> None:
