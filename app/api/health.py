@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
 from fastapi import APIRouter, Response
 
 from app.api.deps import ReadAccess, StateDep
@@ -11,6 +14,11 @@ from app.schemas import Health, Ready, problem_responses
 from app.storage.db import DatabaseError
 
 router = APIRouter(tags=["operations"])
+
+# Probes answer on the event loop, the database ping on a thread of its own: not in the thread
+# pool that request handlers share, which requests waiting long (on the bus, for a worker's
+# answer) can fill, and a liveness probe that waits behind them gets a live process restarted.
+_PINGS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinwatch-readiness")
 
 
 class NotReadyError(AppError):
@@ -22,7 +30,7 @@ class NotReadyError(AppError):
 @router.get(
     "/healthz", response_model=Health, summary="The process is alive", operation_id="getHealth"
 )
-def healthz() -> Health:
+async def healthz() -> Health:
     return Health()
 
 
@@ -33,11 +41,11 @@ def healthz() -> Health:
     summary="The database answers and the default model is loaded",
     operation_id="getReadiness",
 )
-def readyz(state: StateDep) -> Ready:
+async def readyz(state: StateDep) -> Ready:
     checks: dict[str, str] = {}
     failing: list[str] = []
     try:
-        state.database.ping()
+        await asyncio.get_running_loop().run_in_executor(_PINGS, state.database.ping)
         checks["database"] = "ok"
     except DatabaseError as exc:
         checks["database"] = exc.detail

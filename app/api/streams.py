@@ -192,7 +192,8 @@ def put_stream(
     if answer.live is not None:
         kinds = tuple(answer.live.detectors)
         thresholds = {k: d.threshold for k, d in answer.live.detectors.items()}
-    state.metrics.track_stream(stream_id, kinds, thresholds)
+    if not state.streams.follower:  # (on the bus, the series are its worker's to export)
+        state.metrics.track_stream(stream_id, kinds, thresholds)
     if model_name == AUTO:  # a shorter learning period may be over already
         live = state.streams.read(session, stream)
         state.streams.on_end(session, commit=lambda: state.streams.learn_if_due(live))

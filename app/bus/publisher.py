@@ -142,6 +142,13 @@ async def store_all(bus: Bus, batches: list[Batch]) -> None:
 async def change(bus: Bus, stream_id: str, kind: str, body: bytes, *, wait_s: float) -> Answer:
     """A change of a stream (`app/api/changes.py`) through its partition, behind the readings
     published before it, and the answer of the worker that makes it."""
+    if len(body) > fits(bus):
+        raise PayloadTooLargeError(
+            f"the change of stream {stream_id!r} is {len(body)} bytes, more than a message on "
+            f"the bus carries ({fits(bus)})",
+            reason="too_large",
+            stream=stream_id,
+        )
     message = _Message(partition_of(stream_id, bus.partitions), [0], body, uuid.uuid4().hex)
     headers = {CHANGE_HEADER: kind, STREAM_HEADER: stream_id}
     (answer,) = await _submit(bus, message, headers, wait_s=wait_s)

@@ -24,6 +24,7 @@ import signal
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TypeVar
 
 import nats.errors
@@ -42,6 +43,7 @@ from app.bus.jetstream import Bus, fits, open_bus, worker_name
 from app.bus.leases import Leases
 from app.bus.messages import (
     CHANGE_HEADER,
+    MSG_ID_HEADER,
     REPLY_HEADER,
     RESULTS_HEADER,
     STREAM_HEADER,
@@ -170,11 +172,16 @@ class Worker:
 
     def _forget(self, partition: int) -> None:
         """The partition's streams forgotten: restored, on their next batch, from what was
-        committed (by whoever held the partition meanwhile)."""
-        streams = self.engine.streams
+        committed (by whoever held the partition meanwhile). Their series leave this worker's
+        `/metrics`: the new owner's carry on, and a copy frozen here would look to Prometheus
+        like a stream that stopped sending."""
+        streams, metrics = self.engine.streams, self.engine.metrics
         for live in streams.live_streams():
             if partition_of(live.stream_id, self.bus.partitions) == partition:
                 streams.forget(live.stream_id)
+        for stream_id, _ in metrics.snapshot():
+            if partition_of(stream_id, self.bus.partitions) == partition:
+                metrics.forget_stream(stream_id)
 
     def _resume(self, partition: int) -> None:
         """The partition's streams restored as soon as it is taken, not at their next batch:
@@ -409,14 +416,29 @@ class Worker:
 
     def _change(self, partition: int, epoch: int, one: Parsed) -> Answer:
         """A change of a stream, made by the handler the embedded service runs for it, in one
-        transaction with the partition's fence."""
+        transaction with the partition's fence and the answer kept by the message's id: made
+        once however often the message is delivered."""
         handler = CHANGES.get(one.change or "")
         if handler is None or one.stream is None:
             return _problem(DataError(f"not a change a worker makes: {one.change!r}"))
+        message_id = (one.message.headers or {}).get(MSG_ID_HEADER)
         try:
             with self.engine.database.session() as session:
                 bus_repo.fence(session, {partition: epoch})
-                return handler(self.state, session, one.stream, one.message.data)
+                made = None if message_id is None else bus_repo.change_made(session, message_id)
+                if made is not None:
+                    return Answer(made.status, made.body, made.media_type)
+                answer = handler(self.state, session, one.stream, one.message.data)
+                if message_id is not None:
+                    bus_repo.record_change(
+                        session,
+                        message_id,
+                        status=answer.status,
+                        body=answer.body,
+                        media_type=answer.media_type,
+                        now=datetime.now(UTC),
+                    )
+                return answer
         except FencedError:
             raise
         except AppError as exc:

@@ -362,3 +362,17 @@ class BusPartition(Base):
 
     partition: Mapped[int] = mapped_column(Integer(), primary_key=True, autoincrement=False)
     epoch: Mapped[int] = mapped_column(BigInteger())
+
+
+class BusChange(Base):
+    """A change of a stream a worker made (`app/api/changes.py`), by its message's id, with the
+    answer it gave: a message delivered again (its worker stopped after the commit, before the
+    acknowledgement) is answered the same, not made twice."""
+
+    __tablename__ = "bus_changes"
+
+    message_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    status: Mapped[int] = mapped_column(Integer())
+    body: Mapped[bytes] = mapped_column(LargeBinary())
+    media_type: Mapped[str] = mapped_column(String(100))
+    made_at: Mapped[datetime] = mapped_column(UTCDateTime(), index=True)

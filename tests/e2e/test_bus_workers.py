@@ -15,6 +15,7 @@ import asyncio
 import json
 import signal
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -93,6 +94,7 @@ def test_on_the_bus_serve_answers_as_the_embedded_service(
     make_server: ServerFactory, databases: ExitStack, tmp_path: Path, calibrated_models: Path
 ) -> None:
     embedded = make_server("embedded", new_database(databases, "postgresql", tmp_path))
+    embedded.env["TWINWATCH_METRICS_PER_STREAM"] = "all"
     embedded.start()
     alone = httpx.Client(base_url=embedded.base_url, timeout=120)
     with ExitStack() as stack:
@@ -102,6 +104,7 @@ def test_on_the_bus_serve_answers_as_the_embedded_service(
         api = make_server("on-the-bus", database_url)
         api.env |= {key: env[key] for key in env if key.startswith("TWINWATCH_BUS_")}
         api.env["TWINWATCH_BUS_WAIT_S"] = "3"
+        api.env["TWINWATCH_METRICS_PER_STREAM"] = "all"
         api.start()
         bus = httpx.Client(base_url=api.base_url, timeout=120)
         worker = WorkerProcess("worker", env, tmp_path)
@@ -133,6 +136,9 @@ def test_on_the_bus_serve_answers_as_the_embedded_service(
         assert missing.headers["content-type"] == "application/problem+json"
         described = bus.get("/v1/streams/pump-1").json()
         assert described["samples_seen"] == 8000
+        # The stream's series are its worker's: the API process exports none at zero beside.
+        assert 'stream="pump-1"' in alone.get("/metrics").text
+        assert 'stream="pump-1"' not in bus.get("/metrics").text
         # A switch is the worker's too: refused there as the embedded service refuses it.
         switch = {"name": "lstm-seed0", "version": 1}
         switched = bus.post("/v1/streams/pump-1/model", json=switch)
@@ -161,6 +167,22 @@ def test_on_the_bus_serve_answers_as_the_embedded_service(
         waiting = bus.post("/v1/streams/pump-1/readings", json=lab_readings(8100, 8200))
         assert waiting.status_code == 503 and waiting.headers["retry-after"]
         assert "safe" in waiting.json()["detail"]
+        # More POSTs waiting than the API has request threads (40): the probes answer all the
+        # same, while every one of them still waits.
+        limits = httpx.Limits(max_connections=80)
+        with (
+            httpx.Client(base_url=api.base_url, timeout=120, limits=limits) as many,
+            ThreadPoolExecutor(60) as pool,
+        ):
+            body = lab_readings(8100, 8200)
+            pending = [
+                pool.submit(many.post, "/v1/streams/pump-1/readings", json=body) for _ in range(60)
+            ]
+            time.sleep(1.0)
+            probes = [many.get(path) for path in ("/healthz", "/readyz")]
+            assert not any(post.done() for post in pending)
+            assert [probe.status_code for probe in probes] == [200, 200]
+            assert {post.result().status_code for post in pending} == {503}
         worker = WorkerProcess("worker-again", env, tmp_path)
         asyncio.run(
             until_held(

@@ -3,12 +3,18 @@ only the latest worker to take a partition commits for it, whatever NATS remembe
 
 from __future__ import annotations
 
-from sqlalchemy import select, text, update
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select, text, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.errors import ConflictError
-from app.storage.models import BusPartition
+from app.storage.models import BusChange, BusPartition
+
+CHANGES_KEPT = timedelta(days=1)
+"""How long a made change's answer is kept for a delivery again: far longer than a message
+waits for its acknowledgement before JetStream delivers it again."""
 
 
 class FencedError(ConflictError):
@@ -66,6 +72,31 @@ def fence(session: Session, epochs: dict[int, int]) -> None:
             f"{epochs[taken[0]]}, now {current.get(taken[0])}); this worker no longer owns it",
             partitions=taken,
         )
+
+
+def change_made(session: Session, message_id: str) -> BusChange | None:
+    """The change of this message, if a worker made it already (in the message's partition,
+    whose fence the caller holds)."""
+    return session.get(BusChange, message_id)
+
+
+def record_change(
+    session: Session,
+    message_id: str,
+    *,
+    status: int,
+    body: bytes,
+    media_type: str,
+    now: datetime,
+) -> None:
+    """In the transaction that makes a change: its answer, by its message's id; the answers
+    older than `CHANGES_KEPT` go."""
+    session.execute(delete(BusChange).where(BusChange.made_at < now - CHANGES_KEPT))
+    session.add(
+        BusChange(
+            message_id=message_id, status=status, body=body, media_type=media_type, made_at=now
+        )
+    )
 
 
 def _wait_briefly(session: Session) -> None:

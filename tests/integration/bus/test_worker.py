@@ -195,6 +195,12 @@ async def test_workers_share_the_partitions_and_take_over_a_stopped_one(
             assert not set(a.leases.held) & set(b.leases.held)
             await send_round(10)
             assert a.committed and b.committed
+            # Each worker exports the series of the streams it holds, and only those: a's
+            # copies of the streams it gave b are gone (frozen, they would look stopped).
+            for worker in (a, b):
+                exported = {stream for stream, _ in worker.engine.metrics.snapshot()}
+                held = {s for s in streams if partition_of(s, PARTITIONS) in worker.leases.held}
+                assert exported == held, worker.name
             # b stops beating and consuming at once (as if killed): its leases expire, and a
             # takes its partitions back, resuming each stream from what b committed.
             b_task.cancel()
@@ -368,6 +374,50 @@ async def test_a_change_is_made_by_the_worker_in_the_stream_s_turn(
             body, times = batch("pump-1", 100, 5)
             gone = await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
             assert gone.status == 404
+    finally:
+        await api.close()
+    with database.session() as session:
+        assert reading_repo.count(session, stream_id="pump-1") == 0
+
+
+@pytest.mark.anyio
+async def test_a_change_delivered_again_is_answered_as_it_was_and_made_once(
+    nats: NatsServer, database: Database, models_dir: Path, tmp_path: Path
+) -> None:
+    """A worker stopped after a change's commit, before its acknowledgement, leaves the message
+    to be delivered again: that delivery is answered as the first was and changes nothing (a
+    switch does not name the version it switched to as the one it replaced; a deletion is not
+    refused as of an unknown stream)."""
+    engine_for(database, models_dir, tmp_path).database.dispose()  # version 1 registered
+    write_fake_model(models_dir, "lstm-seed0", thresholds={"detectors": [NEVER]})
+    engine = engine_for(database, models_dir, tmp_path)  # version 2, active
+    with database.session() as session:
+        make_stream(session, "pump-1")
+    api = await open_bus(nats.url, name="api", partitions=PARTITIONS, lease_s=LEASE_S)
+    try:
+        async with running(engine, nats.url, "worker") as worker:
+            delivered: list[tuple[int, int, Any]] = []
+            make = worker._change
+
+            def recorded(partition: int, epoch: int, one: Any) -> Answer:
+                delivered.append((partition, epoch, one))
+                return make(partition, epoch, one)
+
+            worker._change = recorded  # type: ignore[method-assign]
+            to_one = json.dumps({"name": "lstm-seed0", "version": 1}).encode()
+            switched = await change(api, "pump-1", "switch", to_one, wait_s=WAIT_S)
+            assert switched.status == 200, switched.body
+            assert answered(switched)["previous_model"] == {"name": "lstm-seed0", "version": 2}
+            first = (switched.status, switched.body)
+            again = await asyncio.to_thread(make, *delivered[0])
+            assert (again.status, again.body) == first
+            deleted = await change(api, "pump-1", "delete", b"", wait_s=WAIT_S)
+            assert deleted.status == 204
+            again = await asyncio.to_thread(make, *delivered[1])
+            assert (again.status, again.body) == (204, deleted.body)
+            # A change sent again by its client is another change: the stream is gone.
+            resent = await change(api, "pump-1", "delete", b"", wait_s=WAIT_S)
+            assert resent.status == 404
     finally:
         await api.close()
     with database.session() as session:

@@ -3,6 +3,7 @@ server takes) and how a worker's answer to a message travels back (a line a batc
 
 from __future__ import annotations
 
+import asyncio
 import json
 from types import SimpleNamespace
 from typing import Any, cast
@@ -13,7 +14,7 @@ import pytest
 from app.bus.jetstream import HEADROOM, Bus
 from app.bus.messages import Answer, answers_of, body_of, reply_of
 from app.bus.partitions import partition_of
-from app.bus.publisher import Batch, _messages
+from app.bus.publisher import Batch, _messages, change
 from app.errors import PayloadTooLargeError
 
 
@@ -51,6 +52,14 @@ def test_a_partition_s_batches_are_cut_to_fit_a_message() -> None:
     assert [m.indexes for m in messages] == [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9]]
     assert all(len(m.body) <= 3 * size + 40 for m in messages)
     assert len({m.msg_id for m in messages}) == len(messages)
+
+
+def test_a_change_too_large_for_a_message_is_refused_before_it_is_published() -> None:
+    """(413, not the 503 of a bus that did not store it: sending it again would not help.)"""
+    config = json.dumps({"detectors": {"point": {"threshold": 4.5}}, "note": "x" * 600})
+    with pytest.raises(PayloadTooLargeError) as refused:
+        asyncio.run(change(fake_bus(4, 500), "pump-1", "configure", config.encode(), wait_s=1))
+    assert refused.value.status == 413 and refused.value.extra["stream"] == "pump-1"
 
 
 def test_one_stream_s_batch_too_large_for_a_message_is_refused_by_name() -> None:
