@@ -96,6 +96,9 @@ class Worker:
         # partition -> (the lease it was taken at, the epoch PostgreSQL counted for it then)
         self.epochs: dict[int, tuple[int, int]] = {}
         self.waiting: list[_Work] = []  # groups for the next transaction
+        # Partitions with batches fetched and not yet committed, or more behind them: their
+        # streams' silence is this worker's backlog, not their sensors'.
+        self.behind: set[int] = set()
         self.committing: asyncio.Task[None] | None = None  # the task that commits them
         # The handlers of the changes it makes run with it; a job they queue waits for an API
         # process's runner (this one never starts).
@@ -114,7 +117,14 @@ class Worker:
         watch = None
         if settings.stale_periods > 0:
             streams, metrics = self.engine.streams, self.engine.metrics
-            watch = StaleWatch(streams, metrics, periods=settings.stale_periods)
+            watch = StaleWatch(
+                streams,
+                metrics,
+                periods=settings.stale_periods,
+                waiting=lambda stream_id: (
+                    partition_of(stream_id, self.bus.partitions) in self.behind
+                ),
+            )
             watch.start()
         try:
             while not stop.is_set():
@@ -250,12 +260,16 @@ class Worker:
                 try:
                     messages = await subscription.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
                 except (nats.errors.TimeoutError, TimeoutError):
+                    self.behind.discard(partition)  # nothing waits
                     continue
                 except Exception as exc:  # the bus away, or anything: never a silent stop
                     log.warning("partition %d: fetch failed (%r); trying again", partition, exc)
                     await asyncio.sleep(RETRY_S)
                     continue
+                self.behind.add(partition)
                 if await self._handle(partition, acquired, messages):
+                    if not messages or not _more_behind(messages[-1]):
+                        self.behind.discard(partition)
                     continue
                 # From the first batch not acknowledged, again, in order (the database was
                 # away, a batch failed, or an acknowledgement did not get through: a batch
@@ -267,6 +281,7 @@ class Worker:
         finally:
             if self.epochs.get(partition, (None, 0))[0] == acquired:
                 del self.epochs[partition]
+                self.behind.discard(partition)
             if not self._current(partition, acquired):  # lost: what it held goes too
                 await self._run(self._forget, partition)
             if subscription is not None:
@@ -545,6 +560,14 @@ class _Work:
     acquired: int
     group: list[Parsed]
     answers: asyncio.Future[list[list[Answer]]]
+
+
+def _more_behind(message: Msg) -> bool:
+    """Whether the partition held more messages after this one when it was fetched."""
+    try:
+        return bool(message.metadata.num_pending)
+    except (nats.errors.NotJSMessageError, ValueError, IndexError):  # not a JetStream delivery
+        return False
 
 
 def _parse(message: Msg) -> Parsed:

@@ -16,6 +16,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Callable
 
 from app.metrics import Metrics
 from app.monitoring.alarms import AlarmEvent
@@ -40,10 +41,20 @@ def stale_limit_s(live: LiveStream, periods: float) -> float | None:
 class StaleWatch:
     """The timer: a daemon thread that opens `stale` alarms (ingest closes them)."""
 
-    def __init__(self, streams: LiveStreams, metrics: Metrics, *, periods: float) -> None:
+    def __init__(
+        self,
+        streams: LiveStreams,
+        metrics: Metrics,
+        *,
+        periods: float,
+        waiting: Callable[[str], bool] | None = None,
+    ) -> None:
         self.streams = streams
         self.metrics = metrics
         self.periods = periods
+        # Whether readings of a stream may be waiting to be processed (a bus worker's backlog):
+        # then its silence is the worker's, not the sensor's, and no alarm opens.
+        self.waiting = waiting
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="twinwatch-stale", daemon=True)
 
@@ -70,6 +81,8 @@ class StaleWatch:
             limit = stale_limit_s(live, self.periods)
             if limit is None or live.stale_since is not None or not live.state.samples:
                 continue  # (a stream that never sent anything is not silent: it has not begun)
+            if self.waiting is not None and self.waiting(live.stream_id):
+                continue
             if moment - live.last_arrival > limit and self._open(live, moment, limit):
                 opened.append(live.stream_id)
         return opened

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from sqlalchemy import select
 
 from app.bus.jetstream import STREAM, open_bus
 from app.bus.leases import Leases
@@ -26,6 +27,7 @@ from app.main import Engine, open_engine
 from app.metrics import Metrics
 from app.settings import Settings
 from app.storage.db import Database
+from app.storage.models import Alarm
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import bus as bus_repo
 from app.storage.repositories import checkpoints as checkpoint_repo
@@ -458,5 +460,48 @@ async def test_a_worker_raises_a_stale_alarm_for_a_silent_stream_it_holds(
             body, times = batch("pump-1", 30, 1)
             answer = await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
             assert [alarm["detector"] for alarm in answered(answer)["closed"]] == ["stale"]
+    finally:
+        await api.close()
+
+
+@pytest.mark.anyio
+async def test_a_stream_whose_readings_wait_in_the_worker_s_backlog_is_not_stale(
+    nats: NatsServer, database: Database, models_dir: Path, tmp_path: Path
+) -> None:
+    """A worker behind (here, a commit that takes longer than the stale limit) leaves the
+    readings waiting on the bus: the stream's silence is the worker's, and no stale alarm opens
+    for it. Once nothing waits, the stream's own silence is watched again."""
+    with database.session() as session:
+        make_stream(session, "pump-1")  # 10 Hz: stale after 5 periods, half a second
+    engine = engine_for(database, models_dir, tmp_path, stale_periods=5)
+    api = await open_bus(nats.url, name="api", partitions=PARTITIONS, lease_s=LEASE_S)
+
+    def stale_alarms() -> list[Any]:
+        with database.session() as session:
+            return list(
+                session.scalars(
+                    select(Alarm).where(Alarm.stream_id == "pump-1", Alarm.detector == "stale")
+                )
+            )
+
+    try:
+        async with running(engine, nats.url, "worker") as worker:
+            await until(lambda: len(worker.leases.held) == PARTITIONS, "the worker took them")
+            body, times = batch("pump-1", 0, 30)
+            answer = await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
+            assert answer.status == 200
+            commit = worker._committed
+
+            async def slowly(*args: Any) -> Any:
+                await asyncio.sleep(2.5)  # five stale limits, two and more of the watch's rounds
+                return await commit(*args)
+
+            worker._committed = slowly  # type: ignore[method-assign]
+            body, times = batch("pump-1", 30, 1)
+            answer = await submit(api, "pump-1", body, times, with_results=False, wait_s=WAIT_S)
+            assert answer.status == 200 and answered(answer)["closed"] == []
+            assert stale_alarms() == []
+            worker._committed = commit  # type: ignore[method-assign]
+            await until(lambda: len(stale_alarms()) == 1, "the silent stream's stale alarm")
     finally:
         await api.close()
