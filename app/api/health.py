@@ -18,7 +18,9 @@ router = APIRouter(tags=["operations"])
 # Probes answer on the event loop, the database ping on a thread of its own: not in the thread
 # pool that request handlers share, which requests waiting long (on the bus, for a worker's
 # answer) can fill, and a liveness probe that waits behind them gets a live process restarted.
+# A ping that has not answered within PING_LIMIT_S makes the process not ready.
 _PINGS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinwatch-readiness")
+PING_LIMIT_S = 5.0
 
 
 class NotReadyError(AppError):
@@ -45,11 +47,15 @@ async def readyz(state: StateDep) -> Ready:
     checks: dict[str, str] = {}
     failing: list[str] = []
     try:
-        await asyncio.get_running_loop().run_in_executor(_PINGS, state.database.ping)
+        ping = asyncio.get_running_loop().run_in_executor(_PINGS, state.database.ping)
+        await asyncio.wait_for(ping, timeout=PING_LIMIT_S)
         checks["database"] = "ok"
     except DatabaseError as exc:
         checks["database"] = exc.detail
         failing.append(f"database: {exc.detail}")
+    except TimeoutError:
+        checks["database"] = f"no answer within {PING_LIMIT_S:g} s"
+        failing.append(f"database: {checks['database']}")
     default = state.settings.default_model
     if default in state.registry or default == AUTO:
         checks["models"] = f"{len(state.registry)} loaded"

@@ -107,6 +107,7 @@ def put_stream(
         # The model named as this process names it: its default may not be the worker's.
         named = config.model_dump(mode="json", exclude_unset=True)
         named["model"] = config.model or state.settings.default_model
+        session.rollback()  # (it wrote nothing: its connection is not held while it waits)
         return forward(state, "configure", stream_id, to_json(named))
     model_name = config.model or state.settings.default_model
     overrides = _detector_overrides(config)

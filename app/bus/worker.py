@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -96,9 +97,11 @@ class Worker:
         # partition -> (the lease it was taken at, the epoch PostgreSQL counted for it then)
         self.epochs: dict[int, tuple[int, int]] = {}
         self.waiting: list[_Work] = []  # groups for the next transaction
-        # Partitions with batches fetched and not yet committed, or more behind them: their
-        # streams' silence is this worker's backlog, not their sensors'.
-        self.behind: set[int] = set()
+        # Partition -> when the oldest batch it has waiting was published (wall clock): a
+        # backlog (the database away, a takeover, more than it keeps up with). Its streams'
+        # silence is counted from then, not from their last commit: this worker's delay is
+        # not their sensors' silence.
+        self.backlog: dict[int, float] = {}
         self.committing: asyncio.Task[None] | None = None  # the task that commits them
         # The handlers of the changes it makes run with it; a job they queue waits for an API
         # process's runner (this one never starts).
@@ -121,9 +124,7 @@ class Worker:
                 streams,
                 metrics,
                 periods=settings.stale_periods,
-                waiting=lambda stream_id: (
-                    partition_of(stream_id, self.bus.partitions) in self.behind
-                ),
+                delay=self._delay,
             )
             watch.start()
         try:
@@ -182,16 +183,26 @@ class Worker:
 
     def _forget(self, partition: int) -> None:
         """The partition's streams forgotten: restored, on their next batch, from what was
-        committed (by whoever held the partition meanwhile). Their series leave this worker's
-        `/metrics`: the new owner's carry on, and a copy frozen here would look to Prometheus
-        like a stream that stopped sending."""
-        streams, metrics = self.engine.streams, self.engine.metrics
+        committed (by whoever held the partition meanwhile)."""
+        streams = self.engine.streams
         for live in streams.live_streams():
             if partition_of(live.stream_id, self.bus.partitions) == partition:
                 streams.forget(live.stream_id)
+
+    def _lost(self, partition: int) -> None:
+        """A partition another worker holds now: its streams forgotten, and their series gone
+        from this worker's `/metrics` (the new owner's carry on; a copy frozen here would look
+        to Prometheus like a stream that stopped sending)."""
+        self._forget(partition)
+        metrics = self.engine.metrics
         for stream_id, _ in metrics.snapshot():
             if partition_of(stream_id, self.bus.partitions) == partition:
                 metrics.forget_stream(stream_id)
+
+    def _delay(self, stream_id: str) -> float:
+        """Seconds the stream's readings may have been waiting on the bus for this worker."""
+        since = self.backlog.get(partition_of(stream_id, self.bus.partitions))
+        return 0.0 if since is None else max(0.0, time.time() - since)
 
     def _resume(self, partition: int) -> None:
         """The partition's streams restored as soon as it is taken, not at their next batch:
@@ -253,6 +264,7 @@ class Worker:
         if epoch is None:
             return
         self.epochs[partition] = (acquired, epoch)
+        self.backlog[partition] = time.time()  # (until its first fetch says how far behind)
         await asyncio.to_thread(self._resume, partition)  # (the others commit meanwhile)
         subscription = await self._subscribe(partition, acquired)
         try:
@@ -260,16 +272,19 @@ class Worker:
                 try:
                     messages = await subscription.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
                 except (nats.errors.TimeoutError, TimeoutError):
-                    self.behind.discard(partition)  # nothing waits
+                    self.backlog.pop(partition, None)  # nothing waits
                     continue
                 except Exception as exc:  # the bus away, or anything: never a silent stop
                     log.warning("partition %d: fetch failed (%r); trying again", partition, exc)
                     await asyncio.sleep(RETRY_S)
                     continue
-                self.behind.add(partition)
+                if messages:
+                    self.backlog[partition] = _published(messages[0])
                 if await self._handle(partition, acquired, messages):
-                    if not messages or not _more_behind(messages[-1]):
-                        self.behind.discard(partition)
+                    if messages and _more_behind(messages[-1]):
+                        self.backlog[partition] = _published(messages[-1])
+                    else:
+                        self.backlog.pop(partition, None)
                     continue
                 # From the first batch not acknowledged, again, in order (the database was
                 # away, a batch failed, or an acknowledgement did not get through: a batch
@@ -281,9 +296,9 @@ class Worker:
         finally:
             if self.epochs.get(partition, (None, 0))[0] == acquired:
                 del self.epochs[partition]
-                self.behind.discard(partition)
+                self.backlog.pop(partition, None)
             if not self._current(partition, acquired):  # lost: what it held goes too
-                await self._run(self._forget, partition)
+                await self._run(self._lost, partition)
             if subscription is not None:
                 with contextlib.suppress(nats.errors.Error, TimeoutError):
                     await subscription.unsubscribe()
@@ -568,6 +583,14 @@ def _more_behind(message: Msg) -> bool:
         return bool(message.metadata.num_pending)
     except (nats.errors.NotJSMessageError, ValueError, IndexError):  # not a JetStream delivery
         return False
+
+
+def _published(message: Msg) -> float:
+    """When the message reached the bus (the NATS server's clock), as a wall-clock time."""
+    try:
+        return message.metadata.timestamp.timestamp()
+    except (nats.errors.NotJSMessageError, ValueError, IndexError):
+        return time.time()
 
 
 def _parse(message: Msg) -> Parsed:

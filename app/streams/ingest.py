@@ -368,6 +368,13 @@ def _store(
             "a stream received readings from another request meanwhile; re-send the batch",
             reason="conflict",
         )
+    moved = [  # the streams whose alarms open or close: their open alarms read together
+        part.live.stream_id
+        for part, result in zip(parts, results, strict=True)
+        if result is not None
+        and (result.opened or result.closed or part.live.stale_since is not None)
+    ]
+    known = alarm_repo.OpenAlarms.read(session, moved) if moved else None
     outcomes: list[IngestOutcome] = []
     left_open: list[dict[str, float] | None] = []
     for part, result in zip(parts, results, strict=True):
@@ -396,6 +403,7 @@ def _store(
                     model_name=live.model_name,
                     model_version=live.model_version,
                     channels=live.channels,
+                    open_alarms=None if known is None else known.by_stream.get(live.stream_id),
                 )
             if live.state.samples >= live.checkpoint_due:
                 streams.checkpoint(session, live, force=True)

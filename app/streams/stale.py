@@ -47,14 +47,15 @@ class StaleWatch:
         metrics: Metrics,
         *,
         periods: float,
-        waiting: Callable[[str], bool] | None = None,
+        delay: Callable[[str], float] | None = None,
     ) -> None:
         self.streams = streams
         self.metrics = metrics
         self.periods = periods
-        # Whether readings of a stream may be waiting to be processed (a bus worker's backlog):
-        # then its silence is the worker's, not the sensor's, and no alarm opens.
-        self.waiting = waiting
+        # Seconds a stream's readings may have been waiting to be processed (a bus worker's
+        # backlog): its limit is that much longer, so the worker's delay is not taken for
+        # the sensor's silence, and a sensor silent since before it still is.
+        self.delay = delay
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="twinwatch-stale", daemon=True)
 
@@ -81,11 +82,14 @@ class StaleWatch:
             limit = stale_limit_s(live, self.periods)
             if limit is None or live.stale_since is not None or not live.state.samples:
                 continue  # (a stream that never sent anything is not silent: it has not begun)
-            if self.waiting is not None and self.waiting(live.stream_id):
-                continue
-            if moment - live.last_arrival > limit and self._open(live, moment, limit):
+            if moment - live.last_arrival > self._allowed(live, limit) and self._open(
+                live, moment, limit
+            ):
                 opened.append(live.stream_id)
         return opened
+
+    def _allowed(self, live: LiveStream, limit: float) -> float:
+        return limit + (0.0 if self.delay is None else self.delay(live.stream_id))
 
     def _open(self, live: LiveStream, moment: float, limit: float) -> bool:
         with self.streams.database.session() as session:
@@ -95,7 +99,7 @@ class StaleWatch:
             held = self.streams.hold(session, [live.stream_id])[0]
             if held is not live or live.stale_since is not None:
                 return False  # it moved meanwhile
-            if moment - live.last_arrival <= limit:
+            if moment - live.last_arrival <= self._allowed(live, limit):
                 return False
             silence = moment - live.last_arrival
             sample = live.state.samples

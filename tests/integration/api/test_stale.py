@@ -7,6 +7,7 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.streams.stale import StaleWatch
 from tests.integration.conftest import AppFactory
 
 START = 1_700_000_000.0
@@ -62,3 +63,25 @@ def test_by_default_only_a_stale_stream_has_a_stale_series(make_client: AppFacto
         assert time.monotonic() < deadline, "no stale alarm"
         time.sleep(0.1)
     assert metric(client, "twinwatch_alarms_total", "s") == 1.0  # the stale alarm
+
+
+def test_readings_waiting_for_a_bus_worker_lengthen_the_limit_by_their_wait(
+    make_client: AppFactory,
+) -> None:
+    """A bus worker's backlog (`delay`: how long a stream's readings may have waited for it)
+    is not the sensor's silence: a stream goes stale only once silent for its limit before
+    the waiting began; one silent since before it does all the same."""
+    client = make_client(stale_periods=0)  # no timer of its own: the test's watch checks
+    state = client.app_state["twinwatch"]
+    for stream in ("waiting", "silent"):
+        client.put(f"/v1/streams/{stream}", json={"model": "lstm-seed0", "sample_period_s": 0.1})
+        rows = [{"t": START + 0.1 * i, "value": 0.0} for i in range(20)]
+        answer = client.post(f"/v1/streams/{stream}/readings", json={"readings": rows})
+        assert answer.status_code == 200
+    # 3 s after the last readings; the waiting stream's next readings have waited 2.8 s, the
+    # silent one's partition has waited 2 s (its sensor stopped a second before that).
+    delays = {"waiting": 2.8, "silent": 2.0}
+    watch = StaleWatch(state.streams, state.metrics, periods=5, delay=delays.__getitem__)
+    assert watch.check(now=time.monotonic() + 3.0) == ["silent"]
+    delays["waiting"] = 0.0  # caught up, and nothing came: silent all along
+    assert watch.check(now=time.monotonic() + 3.0) == ["waiting"]
