@@ -28,6 +28,7 @@ from app.api.deps import (
 from app.api.queries import CursorQuery, LimitQuery
 from app.bus.messages import Answer
 from app.errors import AppError, ConflictError, DataError
+from app.learning.learn import LearnedModel
 from app.learning.thresholds import LEARNED_DETECTORS
 from app.registry import AUTO
 from app.schemas import (
@@ -45,6 +46,7 @@ from app.schemas import (
     problem_responses,
 )
 from app.storage.models import Alarm, Stream
+from app.storage.models import LearnedModel as LearnedModelRow
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import incidents as incident_repo
 from app.storage.repositories import learned as learned_repo
@@ -206,8 +208,13 @@ def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[st
     if stream.model_name != AUTO:
         return {}
     phase: dict[str, Any] = {"false_alarms_per_day": stream.false_alarms_per_day}
-    if live is None:
-        return phase
+    if live is None:  # not loaded (or being switched to what it learned): what is stored
+        row = learned_repo.get(session, stream.id)
+        if row is None or row.model is None:
+            return {**phase, "phase": "learning"}
+        learned = LearnedModel.from_json(row.model)
+        revised_from = row.revisions[-1]["from_sample"] if row.revisions else row.learned_from
+        return {**phase, **_learned_phase(stream, learned, row, int(revised_from))}
     stream_state = live.state
     if live.learning is not None:
         plan = live.learning.plan
@@ -224,25 +231,30 @@ def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[st
             ),
         )
     elif live.learned is not None:
-        learned = live.learned
         row = learned_repo.get(session, stream.id)
-        phase.update(
-            sample_period_s=learned.sample_period_s,
-            learned_model=LearnedModelOut(
-                learned_from=learned.readings,
-                fitted_at=row.fitted_at if row is not None else utcnow(),
-                sample_period_s=learned.sample_period_s,
-                seasons=learned.seasons,
-                lstm=learned.network_note,
-                revisions=0 if row is None else len(row.revisions),
-                thresholds_from=live.revised_from,
-                channels={
-                    name: ChannelModelOut.model_validate(summary)
-                    for name, summary in learned.summary(list(stream.channels)).items()
-                },
-            ),
-        )
+        phase.update(_learned_phase(stream, live.learned, row, live.revised_from))
     return phase
+
+
+def _learned_phase(
+    stream: Stream, learned: LearnedModel, row: LearnedModelRow | None, revised_from: int
+) -> dict[str, Any]:
+    return {
+        "sample_period_s": learned.sample_period_s,
+        "learned_model": LearnedModelOut(
+            learned_from=learned.readings,
+            fitted_at=row.fitted_at if row is not None else utcnow(),
+            sample_period_s=learned.sample_period_s,
+            seasons=learned.seasons,
+            lstm=learned.network_note,
+            revisions=0 if row is None else len(row.revisions),
+            thresholds_from=revised_from,
+            channels={
+                name: ChannelModelOut.model_validate(summary)
+                for name, summary in learned.summary(list(stream.channels)).items()
+            },
+        ),
+    }
 
 
 def described(state: AppState, session: Session, stream: Stream) -> StreamOut:

@@ -106,6 +106,13 @@ class Forecaster(ABC):
         forecast = self.predict(windows).reshape(count, steps, self.outputs)
         return forecast, carry
 
+    def spread_growth(self, steps: int) -> np.ndarray | None:
+        """How much wider, per target, the error of a forecast `steps` readings ahead (the
+        readings between fed its own forecasts) is than a one-step forecast's: what the stream
+        recurrence divides a residual by while it holds alarmed readings out of the history.
+        None: this forecaster cannot say, and a stream of it holds nothing out."""
+        return None
+
     def config(self) -> dict[str, Any]:
         """What a manifest needs to rebuild this forecaster (weights aside)."""
         return {

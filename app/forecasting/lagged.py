@@ -23,9 +23,11 @@ each from its own history only.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, Self
 
 import numpy as np
+from scipy import signal
 
 from app.forecasting.base import Forecaster
 
@@ -44,6 +46,10 @@ CLEARLY_BETTER = 1.1
 more than 10% lower: short hold-outs are noisy, simpler models fail more gracefully."""
 HOLDOUT = 0.25
 """The share of the learning readings every candidate is scored on, fitted on the rest."""
+GROWTH_STEPS = 2048
+"""Readings ahead to which a forecast's error growth is tabled (beyond: its last value)."""
+HELD_KINDS = frozenset({"level", "seasonal-naive", "ar"})
+"""The models with a normal to hold to while an alarm is open (`LaggedLinear.spread_growth`)."""
 PERSISTENT = 4.0
 """A sensor whose hold-out error about its level exceeds 4 x the naive forecast's error wanders
 (its lag-1 correlation is above about 0.875): it is forecast from its last readings, never
@@ -157,6 +163,47 @@ class LaggedLinear(Forecaster):
                 total = total + weight * (extended[:, start : start + steps, channel] - fit.offset)
             out[:, :, channel] = total
         return out, carry
+
+    def spread_growth(self, steps: int) -> np.ndarray:
+        """Per channel (see `Forecaster.spread_growth`), for the channels whose model has a
+        normal to hold to: 1 for the level and the seasonal naive forecast (the season before
+        the held readings is as good a guess as the last one), and for a mean-reverting
+        autoregression sqrt(the sum of its squared impulse response over `steps` readings),
+        bounded. NaN for a sensor that wanders (naive, autoregression of the changes, or an
+        autoregression that does not revert): it has no normal level to return to, and its
+        readings always enter the history."""
+        table = self._variance_growth
+        growth = np.sqrt(table[min(max(steps, 1), GROWTH_STEPS)])
+        return np.where(self._holds, growth, np.nan)
+
+    @cached_property
+    def _holds(self) -> np.ndarray:
+        table = self._variance_growth
+        stationary = table[-1] < 4 * table[GROWTH_STEPS // 2]
+        kinds = np.array([fit.kind in HELD_KINDS for fit in self.fits])
+        held: np.ndarray = kinds & (stationary | np.array([fit.kind != "ar" for fit in self.fits]))
+        return held
+
+    @cached_property
+    def _variance_growth(self) -> np.ndarray:
+        """(GROWTH_STEPS + 1, channels): row h the sum of the squared impulse response of each
+        channel's recursion over h readings (row 0 unused); 1 throughout for the level and
+        the seasonal naive forecast."""
+        table = np.ones((GROWTH_STEPS + 1, self.n_channels))
+        impulse = np.zeros(GROWTH_STEPS)
+        impulse[0] = 1.0
+        for channel, fit in enumerate(self.fits):
+            if fit.kind != "ar":
+                continue
+            recursion = np.zeros(max(fit.lags, default=0) + 1)
+            recursion[0] = 1.0
+            for lag, weight in zip(fit.lags, fit.weights, strict=True):
+                recursion[lag] -= weight
+            with np.errstate(over="ignore", invalid="ignore"):
+                psi = signal.lfilter([1.0], recursion, impulse)
+                growth = np.cumsum(psi * psi)
+            table[1:, channel] = np.minimum(np.nan_to_num(growth, nan=1e12, posinf=1e12), 1e12)
+        return table
 
     def config(self) -> dict[str, Any]:
         return {**super().config(), "fits": [fit.as_json() for fit in self.fits]}

@@ -2,11 +2,16 @@
 it has seen since, in the manner of streaming peaks-over-threshold (SPOT/DSPOT, Siffer et al.,
 KDD 2017), bounded.
 
-Every `REVISE_EVERY` learning periods of readings (at least `REVISE_AT_LEAST` readings), the
-stream's thresholds are fitted again by the same rules as at learning (`detectors_for`), on
-the residuals of every reading since learning ended that no alarm of the stream covered (samples
-inside alarms, and their quiet spells, are never evidence of normal). Each new threshold is kept
-within [1, 2] x the learned one:
+Each time the stream's readings have doubled (at twice, four and eight times its learning
+period, and so on, until `REVISE_EVERY` learning periods lie between two revisions: then
+every `REVISE_EVERY` learning periods), its thresholds are fitted again by the same rules as
+at learning (`detectors_for`), on the residuals of every reading since it started that no
+alarm of the stream covered (its learning readings included: they are normal by decree;
+samples inside alarms, and their quiet spells, are never evidence of normal). A threshold
+fitted on a few hundred readings rests on little, and one fitted on twice as many is much
+surer: early revisions are where a short learning period's thresholds gain most (a process
+plant's eight hours of learning do not show the slow swings of its next two days). Each new
+threshold is kept within [1, 2] x the learned one:
 
 - never below: a learning period's thresholds are the floor (a quiet month does not make the
   next normal burst an alarm);
@@ -29,14 +34,16 @@ from app.monitoring.detectors import DETECTORS
 from app.monitoring.monitor import MonitorConfig
 
 REVISE_EVERY = 10
-"""Learning periods of readings between two revisions."""
-REVISE_AT_LEAST = 1000
+"""The most learning periods of readings between two revisions."""
+REVISE_AT_LEAST = 100
+"""The fewest readings between two revisions."""
 MOST_GAIN = 2.0
 
 
-def revision_interval(learned: LearnedModel) -> int:
-    """Readings between two revisions of a stream's thresholds."""
-    return max(REVISE_AT_LEAST, REVISE_EVERY * learned.readings)
+def next_revision(learned: LearnedModel, last: int) -> int:
+    """The sample at which a learned stream's thresholds are fitted again after the fit (its
+    learning, or its last revision) made at sample `last` (see the module)."""
+    return last + min(max(last, REVISE_AT_LEAST), REVISE_EVERY * learned.readings)
 
 
 def refit(

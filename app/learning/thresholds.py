@@ -2,9 +2,12 @@
 
 Each detector gets a share of the stream's false-alarm budget (false alarms per day), split
 evenly between the detector families (as if it had them all) and then between the channels one
-watches. A threshold is
-the highest of three numbers, so that a short learning period can only make it stricter, never
-laxer, than what the data show:
+watches. The budget is an upper bound, not a quota: however slow the stream (a reading every
+five minutes makes 288 a day, so one false alarm a day would be one reading in 300), no test
+alarms on a statistic that normal readings reach more often than once in `LEAST_SURPRISE`
+(1 in 10,000) readings: ordinary surprises are not worth an operator's attention, whatever
+the budget would allow. A threshold is the highest of three numbers, so that a short learning
+period can only make it stricter, never laxer, than what the data show:
 
 - the prior: where the statistic would cross the budget if the residuals were Gaussian with
   the scale the learning readings show (for a windowed statistic, correlated residuals widen
@@ -16,12 +19,15 @@ laxer, than what the data show:
   are few and kept within [0, 0.5], its scale towards the prior's, extrapolated to the budget;
 - the largest value the learning readings produced: they are normal by definition.
 
-The residual scale is the half-width of the residuals' central 68% (sigma for a Gaussian,
-undisturbed by a sixth of outliers or by quantised readings), the larger of its in-sample and
-held-out estimates, floored by half the sensor's resolution (the smallest non-zero change it
-has shown: a quantised reading's rounding error) and by 1e-12 of its level, so a flat or
-integer series has a finite scale. Thresholds are written as gains (1 / threshold) with the
-detector's threshold 1: a learned stream's statistics read as multiples of their thresholds.
+The residual scale is the larger of the half-width of the residuals' central 68% (sigma for a
+Gaussian, undisturbed by a sixth of outliers) and their mean absolute deviation times
+sqrt(pi / 2) (sigma for a Gaussian too, and not zero for a sensor whose readings sit on one
+value most of the time and step away now and then, where the central 68% is all zeros), the
+larger of its in-sample and held-out estimates, floored by half the sensor's resolution (the
+smallest non-zero change it has shown: a quantised reading's rounding error) and by 1e-12 of
+its level, so a flat or integer series has a finite scale. Thresholds are written as gains
+(1 / threshold) with the detector's threshold 1: a learned stream's statistics read as
+multiples of their thresholds.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from scipy import stats
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.monitor import (
     DetectorConfig,
+    FrozenConfig,
     LevelConfig,
     MahalanobisConfig,
     MissingConfig,
@@ -43,7 +50,6 @@ from app.monitoring.monitor import (
     PointConfig,
     RollingRMSConfig,
     ShiftConfig,
-    VarianceFloorConfig,
 )
 
 SECONDS_PER_DAY = 86_400.0
@@ -51,7 +57,7 @@ LEARNED_DETECTORS = (
     "point",
     "shift",
     "rolling_rms",
-    "variance_floor",
+    "frozen",
     "mahalanobis",
     "level",
     "missing",
@@ -67,6 +73,13 @@ QUIET_TO_CLOSE = 5
 """Readings back inside its threshold before an alarm closes: the alarm state follows the
 machine closely; a fault that dips under a threshold for a while stays one incident (the
 quiet window of app/monitoring/incidents.py joins them)."""
+CLEAR = 0.6
+"""An open alarm counts a reading as back to normal only once its statistic is back 60 % of the
+way from its threshold to where it rests in normal operation (hysteresis, as a thermostat or a
+protection relay has): a fault whose statistic hovers about its threshold stays one alarm,
+instead of one alarm each time it crosses. The rolling RMS, whose resting level is the channel's
+noise, closes on its threshold. Chosen across the plant, spacecraft, pump and synthetic sets
+together, never per set."""
 RMS_SMALLEST_RISE = math.sqrt(2.0)
 """The rolling RMS alarms on no less than a doubling of the residual variance: real noise
 levels wander by tens of percent."""
@@ -78,8 +91,18 @@ the learning saw (halved), makes do with 10 of its windows (200 readings)."""
 TAIL_FRACTION = 0.1
 PSEUDO_EXCESSES = 10.0
 SHAPE_PSEUDO_EXCESSES = 200.0
-FLOOR_FRACTION = 0.5
-"""A frozen sensor: a window's residual spread below half the smallest the learning saw."""
+FLOOR_FRACTION = 0.01
+"""A frozen sensor: the spread of a window of its readings below a hundredth of the smallest
+the learning saw. A sensor that merely turns quiet is a change of regime, not a frozen sensor:
+the other detectors judge it."""
+OFTEN_STILL = 0.25
+"""A sensor that repeats its last reading this often while learning (a quantised or slow one)
+sits still in normal operation too: it is not watched for freezing."""
+MEAN_DEVIATION = math.sqrt(math.pi / 2)
+"""sigma over the mean absolute deviation, for a Gaussian."""
+LEAST_SURPRISE = 1e-4
+"""The most often, per reading, that normal readings may cross any one threshold, whatever
+the budget would allow (see the module)."""
 
 
 @dataclass(frozen=True)
@@ -94,7 +117,8 @@ def residual_scale(residuals: np.ndarray, values: np.ndarray, level: float) -> C
     spread = 0.0
     if finite.size >= 2:
         low, high = np.percentile(finite, [15.865, 84.135])
-        spread = float(high - low) / 2
+        deviation = float(np.abs(finite - np.median(finite)).mean())
+        spread = max(float(high - low) / 2, MEAN_DEVIATION * deviation)
     steps = np.abs(np.diff(values[~np.isnan(values)]))
     steps = steps[steps > 0]
     resolution = float(steps.min()) if steps.size else 0.0
@@ -209,7 +233,7 @@ def detectors_for(
     def budget_rate(window: int, watched: int) -> float:
         """The probability a reading's statistic may exceed: the family's share of events a
         day, each about `window` readings long, over the readings of a day."""
-        return min(0.5, share / watched * window / readings_per_day)
+        return min(LEAST_SURPRISE * window, share / watched * window / readings_per_day)
 
     point_gains, shift_gains, rms_gains, floor_gains = [], [], [], []
     for c, scale in enumerate(scales):
@@ -249,15 +273,9 @@ def detectors_for(
         )
         rms_gains.append(1.0 / _highest(rms, prior, rate, s * 0.1))
 
-        windows = _rolling(r, FLOOR_WINDOW)
-        spreads = windows.std(axis=1) if windows.size else np.empty(0)
-        spreads = spreads[~np.isnan(spreads)]
-        lowest = float(spreads.min()) if spreads.size else 0.0
-        # A sensor that already sat still for a whole window while learning is not watched for
-        # freezing: its stillness is normal.
-        floor_gains.append(1.0 / (FLOOR_FRACTION * lowest) if lowest > 0 else 0.0)
+        floor_gains.append(_frozen_gain(values[:, c]))
 
-    quiet = AlarmPolicy(k=1, n=1, m=QUIET_TO_CLOSE)
+    quiet = AlarmPolicy(k=1, n=1, m=QUIET_TO_CLOSE, clear=CLEAR)
     detectors: list[DetectorConfig] = [
         PointConfig(threshold=1.0, gains=point_gains),
         ShiftConfig(threshold=1.0, window=SHIFT_WINDOW, gains=shift_gains),
@@ -265,9 +283,10 @@ def detectors_for(
     if with_rms:
         detectors.append(RollingRMSConfig(threshold=1.0, window=RMS_WINDOW, gains=rms_gains))
     if count >= WINDOWS_TO_CHARACTERISE * FLOOR_WINDOW / 2 and any(floor_gains):
-        detectors.append(VarianceFloorConfig(threshold=1.0, window=FLOOR_WINDOW, gains=floor_gains))
-    if channels > 1:
-        detectors.append(_mahalanobis(residuals, scales, budget_rate(1, 1)))
+        detectors.append(FrozenConfig(threshold=1.0, window=FLOOR_WINDOW, gains=floor_gains))
+    joint = _mahalanobis(residuals, scales, budget_rate(1, 1)) if channels > 1 else None
+    if joint is not None:
+        detectors.append(joint)
     if with_level and reference_gaps is not None:
         detectors.append(_level(reference_gaps, budget_rate(LEVEL_WINDOW, 1)))
     detectors.append(_missing(missing, share, readings_per_day))
@@ -276,25 +295,41 @@ def detectors_for(
 
 def _mahalanobis(
     residuals: np.ndarray, scales: list[ChannelScale], rate: float
-) -> MahalanobisConfig:
-    """The residual vector's distance from normal: its covariance from the learning residuals,
-    each clipped at 5 scales (a few outliers do not inflate it) and shrunk a tenth towards the
-    diagonal (a short learning period's estimate stays invertible)."""
-    s = np.array([scale.scale for scale in scales])
-    rows = residuals[~np.isnan(residuals).any(axis=1)] / s
-    channels = s.shape[0]
-    if rows.shape[0] > channels + 2:
-        clipped = np.clip(rows, -5, 5)
-        correlation = np.atleast_2d(np.cov(clipped, rowvar=False))
-        diagonal = np.diag(np.diag(correlation))
-        shrunk = 0.9 * correlation + 0.1 * diagonal + 1e-6 * np.eye(channels)
-    else:
-        shrunk = np.eye(channels)
+) -> MahalanobisConfig | None:
+    """The residual vector's distance from normal, over the channels that moved while the
+    stream learned (a constant one is watched by itself: its scale is a floor, not a spread):
+    its covariance from the learning residuals, each clipped at 5 scales (a few outliers do not
+    inflate it) and shrunk towards the diagonal as far as Ledoit and Wolf's estimate says a
+    learning period of that length needs. Its prior threshold is where the distance of a new
+    reading falls with probability `rate` when mean and covariance were estimated from n
+    readings (Hotelling's T-squared for a new observation: an F distribution, much wider than
+    the chi-squared when n is not many times the channels). None with fewer than two such
+    channels or too few complete readings to tell."""
+    watched = [c for c, scale in enumerate(scales) if scale.resolution > 0]
+    if len(watched) < 2:
+        return None
+    s = np.array([scales[c].scale for c in watched])
+    part = residuals[:, watched]
+    rows = part[~np.isnan(part).any(axis=1)] / s
+    count, channels = rows.shape
+    if count < 2 * channels + 10:
+        return None
+    clipped = np.clip(rows, -5, 5)
+    centred = clipped - clipped.mean(axis=0)
+    sample = centred.T @ centred / count
+    target = np.diag(np.diag(sample))
+    distance = float(((sample - target) ** 2).sum())
+    # sum_i |x_i x_i^T - S|^2 = sum_i |x_i|^4 - n |S|^2 (the x_i x_i^T add up to n S).
+    spread = float(((centred**2).sum(axis=1) ** 2).sum() - count * (sample**2).sum()) / count**2
+    shrinkage = 1.0 if distance <= 0 else min(1.0, spread / distance)
+    shrunk = shrinkage * target + (1 - shrinkage) * sample + 1e-6 * np.eye(channels)
     covariance = shrunk * np.outer(s, s)
     precision = np.linalg.inv(shrunk)
-    distances = np.einsum("ij,jk,ik->i", rows, precision, rows) if rows.size else np.empty(0)
-    threshold = _highest(distances, float(stats.chi2.isf(rate, channels)), rate, 2.0)
-    return MahalanobisConfig(threshold=threshold, covariance=covariance.tolist())
+    distances = np.einsum("ij,jk,ik->i", rows, precision, rows)
+    inflation = channels * (count + 1) * (count - 1) / (count * (count - channels))
+    prior = inflation * float(stats.f.isf(rate, channels, count - channels))
+    threshold = _highest(distances, prior, rate, 2.0)
+    return MahalanobisConfig(threshold=threshold, covariance=covariance.tolist(), watched=watched)
 
 
 def _level(gaps: np.ndarray, rate: float) -> LevelConfig:
@@ -325,6 +360,20 @@ def _missing(missing: np.ndarray, share: float, readings_per_day: float) -> Miss
     ):
         k += 1
     return MissingConfig(alarm=AlarmPolicy(k=k, n=MISSING_WINDOW, m=QUIET_TO_CLOSE))
+
+
+def _frozen_gain(values: np.ndarray) -> float:
+    """The frozen detector's gain for one channel (1 / its floor), 0 if it is not watched: a
+    sensor that sat still for a whole window while learning, or that often repeats its
+    reading, does so in normal operation too."""
+    finite = values[~np.isnan(values)]
+    if finite.size < 2 or float(np.mean(np.diff(finite) == 0)) >= OFTEN_STILL:
+        return 0.0
+    windows = _rolling(values, FLOOR_WINDOW)
+    spreads = windows.std(axis=1) if windows.size else np.empty(0)
+    spreads = spreads[~np.isnan(spreads)]
+    lowest = float(spreads.min()) if spreads.size else 0.0
+    return 1.0 / (FLOOR_FRACTION * lowest) if lowest > 0 else 0.0
 
 
 def _finite_or(x: float, default: float) -> float:

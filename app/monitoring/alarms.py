@@ -41,6 +41,16 @@ class AlarmPolicy(BaseModel):
     k: int = Field(default=1, ge=1, le=MAX_ALARM_WINDOW)
     n: int = Field(default=1, ge=1, le=MAX_ALARM_WINDOW)
     m: int = Field(default=20, ge=1, le=MAX_ALARM_WINDOW)
+    clear: float = Field(
+        default=1.0,
+        gt=0,
+        le=1,
+        description="A reading of an open alarm counts as back inside only once its statistic "
+        "is within this share of the way from where it rests in normal operation to the "
+        "threshold (for detectors whose resting value is known: the point, shift, level, CUSUM "
+        "and Mahalanobis statistics): 1 closes on the threshold itself, less keeps a fault "
+        "whose statistic hovers about its threshold one alarm.",
+    )
 
     @model_validator(mode="after")
     def _k_within_n(self) -> AlarmPolicy:
@@ -98,6 +108,15 @@ class RuleState:
     @property
     def idle(self) -> bool:
         return self.open is None and not self.recent
+
+    def copy(self) -> RuleState:
+        """An independent copy (`AlarmRule.observe` changes a state in place)."""
+        event = self.open
+        return RuleState(
+            self.seen,
+            list(self.recent),
+            None if event is None else OpenAlarm(**vars(event)),
+        )
 
     def to_json(self) -> dict[str, Any]:
         event = self.open
@@ -175,16 +194,29 @@ class AlarmRule:
         statistics: Sequence[float],
         exceedances: Sequence[int],
         details: Sequence[Sequence[float]] | None = None,
+        lingering: Sequence[int] = (),
     ) -> tuple[list[AlarmEvent], list[AlarmEvent]]:
         """Advance `state` by a block of readings with a statistic (their `samples` and
         `statistics`, in order; `exceedances`: the positions among them that are on the alarming
-        side; `details`: per exceedance, what it is made of per channel, if anything). Returns
-        the events opened and closed, in order."""
+        side; `details`: per exceedance, what it is made of per channel, if anything;
+        `lingering`: the positions inside the threshold but not yet back within its `clear`
+        share, which keep an open alarm open and open none). Returns the events opened and
+        closed, in order."""
         opened: list[AlarmEvent] = []
         closed: list[AlarmEvent] = []
         policy = self.policy
         base = state.seen  # the ordinal of samples[0]
-        for number, index in enumerate(exceedances):
+        marks = [(index, number) for number, index in enumerate(exceedances)]
+        if lingering:
+            marks = sorted([*marks, *((index, -1) for index in lingering)])
+        for index, number in marks:
+            if number < 0:  # lingering: it only holds an open alarm open
+                if state.open is not None:
+                    self._settle(state, base + index - 1, base, samples, closed)
+                    still = state.open
+                    if still is not None:
+                        still.last, still.last_sample = base + index, samples[index]
+                continue
             if state.idle:
                 base = -index  # an idle rule counts from its next exceedance
             else:

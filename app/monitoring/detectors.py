@@ -30,7 +30,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 Direction = Literal["above", "below"]
-Source = Literal["residual", "vector", "reference_gap", "missing"]
+Source = Literal["residual", "vector", "reference_gap", "missing", "reading"]
 FloatArray = NDArray[np.float64]
 
 CUSUM_DESIGN_RATIO = 2.0
@@ -76,6 +76,13 @@ class Detector(ABC):
         input) from the streams' states ((N, state_size)): ((N, T) statistics, NaN where none;
         the new states). Pure: `state` is left as it was."""
 
+    @property
+    def resting(self) -> float | None:
+        """Where the statistic sits in normal operation, if that is known whatever the channel's
+        units: an open alarm's hysteresis (`AlarmPolicy.clear`) is measured from it. None: no
+        hysteresis (the alarm closes on the threshold itself)."""
+        return None
+
     def exceeds(self, statistic: FloatArray) -> NDArray[np.bool_]:
         """On the alarming side of the threshold (False for NaN: no statistic, no alarm)."""
         if self.direction == "above":
@@ -93,6 +100,10 @@ class PointDetector(Detector):
     """|r_t|: spikes and the edges of offsets."""
 
     kind = "point"
+
+    @property
+    def resting(self) -> float | None:
+        return 0.0
 
     def statistics(self, inputs: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
         return np.abs(inputs), state
@@ -210,6 +221,15 @@ class VarianceFloorDetector(RollingDetector):
         return std
 
 
+class FrozenDetector(VarianceFloorDetector):
+    """Std of the last 20 readings themselves, alarming below a floor: a sensor that stopped
+    moving. Its residuals can look ordinary (a seasonal forecast keeps moving past a frozen
+    reading), its readings cannot."""
+
+    kind = "frozen"
+    source: ClassVar[Source] = "reading"
+
+
 class LevelDetector(RollingDetector):
     """|mean(value - reference)| over a short window: a sustained sensor offset stays visible.
 
@@ -222,6 +242,10 @@ class LevelDetector(RollingDetector):
     kind = "level"
     source: ClassVar[Source] = "reference_gap"
     default_window = 10
+
+    @property
+    def resting(self) -> float | None:
+        return 0.0
 
     @staticmethod
     def formula(windows: FloatArray) -> FloatArray:
@@ -269,6 +293,10 @@ class CusumDetector(Detector):
     """
 
     kind = "cusum"
+
+    @property
+    def resting(self) -> float | None:
+        return 0.0
 
     def __init__(
         self,
@@ -337,11 +365,20 @@ class MahalanobisDetector(Detector):
     kind = "mahalanobis"
     source = "vector"
 
-    def __init__(self, *, threshold: float, covariance: Sequence[Sequence[float]]) -> None:
+    def __init__(
+        self,
+        *,
+        threshold: float,
+        covariance: Sequence[Sequence[float]],
+        watched: Sequence[int] | None = None,
+    ) -> None:
         super().__init__(threshold=threshold)
         matrix = np.asarray(covariance, dtype=np.float64)
         if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1] or matrix.shape[0] < 2:
             raise ValueError("mahalanobis: the covariance must be a square matrix, 2x2 or larger")
+        self.watched = None if watched is None else np.asarray(watched, dtype=np.int64)
+        if self.watched is not None and self.watched.shape != (matrix.shape[0],):
+            raise ValueError("mahalanobis: one watched channel per row of the covariance")
         if not np.all(np.isfinite(matrix)) or not np.allclose(matrix, matrix.T):
             raise ValueError("mahalanobis: the covariance must be finite and symmetric")
         try:
@@ -351,8 +388,15 @@ class MahalanobisDetector(Detector):
         self.covariance = matrix
         self.whitening: FloatArray = np.linalg.inv(factor)
 
+    @property
+    def resting(self) -> float | None:
+        """d^2 of normal residuals averages their number of channels."""
+        return float(self.covariance.shape[0])
+
     def statistics(self, inputs: FloatArray, state: FloatArray) -> tuple[FloatArray, FloatArray]:
         """|L^-1 r|^2 = r^T Sigma^-1 r (L: the Cholesky factor), reduced along fixed rows."""
+        if self.watched is not None:
+            inputs = inputs[:, :, self.watched]
         count, steps, channels = inputs.shape
         vectors = inputs.reshape(-1, channels)
         whitened = np.stack(
@@ -365,11 +409,18 @@ class MahalanobisDetector(Detector):
         which sensors pulled the vector out of the ellipse (the terms add up to d^2; a term
         can be negative when a channel moved the way its correlations predicted)."""
         precision = self.whitening.T @ self.whitening
+        every = vectors
+        if self.watched is not None:
+            vectors = vectors[:, self.watched]
         # Reduced along fixed rows, as `statistics` is: a matrix product's sums depend on how
         # many vectors it is given, and an alarm's detail must not depend on the grouping.
         pulled = np.stack([_row_sum(vectors * column[None, :]) for column in precision.T], axis=1)
         terms: FloatArray = vectors * pulled
-        return terms
+        if self.watched is None:
+            return terms
+        out: FloatArray = np.zeros_like(every)
+        out[:, self.watched] = terms
+        return out
 
 
 DETECTORS: dict[str, type[Detector]] = {
@@ -378,6 +429,7 @@ DETECTORS: dict[str, type[Detector]] = {
         PointDetector,
         RollingRMSDetector,
         VarianceFloorDetector,
+        FrozenDetector,
         CusumDetector,
         LevelDetector,
         ShiftDetector,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.errors import ArtifactError, DataError
@@ -34,6 +35,7 @@ from app.monitoring.detectors import (
     CusumDetector,
     Detector,
     FloatArray,
+    FrozenDetector,
     LevelDetector,
     MahalanobisDetector,
     MissingDetector,
@@ -53,12 +55,18 @@ DETECTOR_ORDER = (
     "mahalanobis",
     "shift",
     "missing",
+    "frozen",
 )
 """The order detectors run, report and keep their state in (new kinds go last: a saved state
 lists its detectors' floats in this order)."""
 LARGEST_STATISTIC = 1e300
-PER_CHANNEL = ("point", "rolling_rms", "variance_floor", "cusum", "shift")
-"""Detectors that read residuals and run on each monitored channel on its own."""
+PER_CHANNEL = ("point", "rolling_rms", "variance_floor", "cusum", "shift", "frozen")
+"""Detectors that read residuals (the frozen detector: the readings) and run on each monitored
+channel on its own."""
+HOLDING = frozenset({"point", "rolling_rms", "cusum", "level", "mahalanobis", "shift"})
+"""Detectors whose open alarm says the readings are not what normal looks like: while one is
+open, a stream that can (`Recurrence`) keeps its readings out of its model's history. Not the
+variance floor (a frozen reading is a plausible value) nor missing readings (none to keep)."""
 
 
 # --- configuration (what a manifest stores) ------------------------------------------------------
@@ -90,6 +98,11 @@ class VarianceFloorConfig(_DetectorConfig):
     window: int = Field(default=20, ge=2)
 
 
+class FrozenConfig(_DetectorConfig):
+    kind: Literal["frozen"] = "frozen"
+    window: int = Field(default=20, ge=2)
+
+
 class CusumConfig(_DetectorConfig):
     kind: Literal["cusum"] = "cusum"
     sigma: float = Field(gt=0, allow_inf_nan=False)
@@ -115,12 +128,18 @@ class MissingConfig(_DetectorConfig):
 class MahalanobisConfig(_DetectorConfig):
     kind: Literal["mahalanobis"] = "mahalanobis"
     covariance: list[list[float]]
+    watched: list[Annotated[int, Field(ge=0)]] | None = Field(
+        default=None,
+        description="The channels the distance reads, in order (the covariance is theirs); "
+        "none: every channel.",
+    )
 
 
 DetectorConfig = Annotated[
     PointConfig
     | RollingRMSConfig
     | VarianceFloorConfig
+    | FrozenConfig
     | CusumConfig
     | LevelConfig
     | MahalanobisConfig
@@ -150,10 +169,15 @@ class MonitorConfig(BaseModel):
         if len(set(kinds)) != len(kinds):
             raise ValueError(f"each detector kind at most once, got {kinds}")
         for d in self.detectors:
-            if isinstance(d, MahalanobisConfig) and len(d.covariance) != self.channels:
-                raise ValueError(
-                    f"mahalanobis covariance is {len(d.covariance)}x.. for {self.channels} channels"
-                )
+            if isinstance(d, MahalanobisConfig):
+                watched = list(range(self.channels)) if d.watched is None else d.watched
+                if len(set(watched)) != len(watched) or max(watched, default=0) >= self.channels:
+                    raise ValueError(f"mahalanobis watches channels {watched} of {self.channels}")
+                if len(d.covariance) != len(watched):
+                    raise ValueError(
+                        f"mahalanobis covariance is {len(d.covariance)}x.. for "
+                        f"{len(watched)} channels"
+                    )
             if d.gains is not None and d.kind not in PER_CHANNEL:
                 raise ValueError(f"{d.kind} reads no residual channel: it takes no gains")
             if d.gains is not None and len(d.gains) != self.channels:
@@ -197,6 +221,8 @@ def build_detector(config: DetectorConfig) -> Detector:
         return RollingRMSDetector(threshold=threshold, window=config.window)
     if isinstance(config, VarianceFloorConfig):
         return VarianceFloorDetector(threshold=threshold, window=config.window)
+    if isinstance(config, FrozenConfig):
+        return FrozenDetector(threshold=threshold, window=config.window)
     if isinstance(config, CusumConfig):
         return CusumDetector(
             threshold=threshold, sigma=config.sigma, kappa=config.kappa, clip=config.clip
@@ -207,7 +233,9 @@ def build_detector(config: DetectorConfig) -> Detector:
         return ShiftDetector(threshold=threshold, window=config.window)
     if isinstance(config, MissingConfig):
         return MissingDetector(threshold=threshold)
-    return MahalanobisDetector(threshold=threshold, covariance=config.covariance)
+    return MahalanobisDetector(
+        threshold=threshold, covariance=config.covariance, watched=config.watched
+    )
 
 
 # --- state and results --------------------------------------------------------------------------
@@ -220,6 +248,14 @@ class MonitorState:
     values: FloatArray  # (Monitor.state_size,)
     rules: list[RuleState]  # in the monitor's detector order
     busy: bool = False  # some rule is not idle (an event open, or recent exceedances)
+
+    def copy(self) -> MonitorState:
+        """An independent copy (`Monitor.advance` changes its rules' states in place; it
+        replaces `values`)."""
+        rules = (
+            [rule.copy() for rule in self.rules] if self.busy else [RuleState() for _ in self.rules]
+        )
+        return MonitorState(self.values, rules, self.busy)
 
 
 @dataclass(frozen=True)
@@ -288,10 +324,18 @@ class Monitor:
         *,
         first_samples: Sequence[int],
         missing: FloatArray | None = None,
+        held_out: NDArray[np.bool_] | None = None,
+        readings: FloatArray | None = None,
     ) -> MonitorBlock:
         """Advance each stream's state (row i of the block is `states[i]`, its reading t the
         stream's sample `first_samples[i] + t`) and say what happened. `missing`: 1 for a
-        reading that came without a number, 0 for a complete one, NaN for no reading."""
+        reading that came without a number, 0 for a complete one, NaN for no reading.
+        `held_out` (N, C): the channels whose readings the stream keeps out of its model's
+        history throughout the block (`Recurrence.advance`): their residuals are forecasts
+        several readings ahead, whose spread says nothing of a frozen sensor: the variance
+        floor skips them. `readings` (N, T, C): the readings themselves where the residuals
+        are watched (NaN elsewhere), for a detector that reads them (none given: the block's
+        residuals stand in)."""
         matrix = np.asarray(residuals, dtype=np.float64)
         if matrix.ndim == 2:
             matrix = matrix[:, :, None]
@@ -340,8 +384,13 @@ class Monitor:
             elif detector.source == "vector":
                 statistics, after[:, part] = detector.statistics(matrix, stacked[:, part])
             else:
+                inputs = matrix
+                if detector.source == "reading":
+                    inputs = matrix if readings is None else np.asarray(readings, np.float64)
+                elif held_out is not None and detector.direction == "below":
+                    inputs = np.where(held_out[:, None, :], np.nan, matrix)
                 statistics, per_channel, after[:, part] = self._per_channel(
-                    detector, self.gains[index], matrix, stacked[:, part]
+                    detector, self.gains[index], inputs, stacked[:, part]
                 )
             block.statistics[detector.kind] = statistics
             exceeded = detector.exceeds(statistics)
@@ -357,12 +406,17 @@ class Monitor:
                 )
                 has = [t for t, value in enumerate(values) if value == value]  # not NaN
                 alarming = [position for position, t in enumerate(has) if over[t]]
+                lingering: list[int] = []
+                if rule.policy.clear < 1 and (states[row].rules[index].open or alarming):
+                    near = self._lingering(detector, rule.policy.clear, statistics[row])
+                    lingering = [p for p, t in enumerate(has) if near[t] and not over[t]]
                 opened, closed = rule.observe(
                     states[row].rules[index],
                     [first + t for t in has],
                     [values[t] for t in has],
                     alarming,
                     self._details(detector, per_channel, matrix, row, [has[p] for p in alarming]),
+                    lingering,
                 )
                 if opened:
                     block.opened.setdefault(row, []).extend(opened)
@@ -407,6 +461,16 @@ class Monitor:
         return statistics, (per_channel if channels > 1 else None), after.reshape(count, -1)
 
     @staticmethod
+    def _lingering(detector: Detector, clear: float, statistics: FloatArray) -> list[bool]:
+        """Which statistics are not yet back within `clear` of the way from where the statistic
+        rests to its threshold (none, for a detector with no known resting value)."""
+        rest = detector.resting
+        if rest is None:
+            return [False] * statistics.shape[0]
+        near: list[bool] = (statistics > rest + clear * (detector.threshold - rest)).tolist()
+        return near
+
+    @staticmethod
     def _details(
         detector: Detector,
         per_channel: FloatArray | None,
@@ -431,6 +495,13 @@ class Monitor:
         remember: the readings seen so far are normal by decree (a learning period)."""
         state.rules = [RuleState() for _ in self.rules]
         state.busy = False
+
+    def holding(self, state: MonitorState) -> bool:
+        """Whether an alarm of a `HOLDING` detector is open."""
+        return state.busy and any(
+            rule_state.open is not None and kind in HOLDING
+            for kind, rule_state in zip(self.kinds, state.rules, strict=True)
+        )
 
     def open_events(self, state: MonitorState) -> list[AlarmEvent]:
         """Events still open, with their peak so far."""

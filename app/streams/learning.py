@@ -36,7 +36,7 @@ import numpy as np
 
 from app.errors import AppError, DataError
 from app.forecasting.lagged import ChannelFit, LaggedLinear
-from app.learning.adapt import revise, revision_interval
+from app.learning.adapt import next_revision, revise
 from app.learning.learn import DEFAULT_LEARNING_READINGS, MIN_READINGS, LearnedModel, learn
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.incidents import alarm_spans
@@ -271,16 +271,14 @@ class Learner:
             if stream is None or row is None or row.model is None:
                 return False
             learned = LearnedModel.from_json(row.model)
-            fitted_at, revisions, learned_from = row.fitted_at, len(row.revisions), row.learned_from
+            fitted_at, revisions = row.fitted_at, len(row.revisions)
             since = row.revisions[-1]["from_sample"] if row.revisions else row.learned_from
-            if reading_repo.count(session, stream_id=stream_id) < since + revision_interval(
-                learned
-            ):
+            if reading_repo.count(session, stream_id=stream_id) < next_revision(learned, since):
                 return False
             batches = reading_repo.batches_from(session, stream_id=stream_id)
             spans = alarm_repo.spans(session, stream_id=stream_id)
             has_reference = stream.has_reference
-        if not batches or batches[-1].stop < since + revision_interval(learned):
+        if not batches or batches[-1].stop < next_revision(learned, since):
             return False
         with self._job(stream_id, "revise", {"from_sample": since}) as outcome:
             done = self._revised(
@@ -290,7 +288,6 @@ class Learner:
                 spans,
                 fitted_at=fitted_at,
                 revisions=revisions,
-                learned_from=learned_from,
                 has_reference=has_reference,
                 outcome=outcome,
             )
@@ -305,7 +302,6 @@ class Learner:
         *,
         fitted_at: datetime,
         revisions: int,
-        learned_from: int,
         has_reference: bool,
         outcome: Outcome,
     ) -> bool:
@@ -320,7 +316,6 @@ class Learner:
         monitor = revised_monitor(
             learned,
             Readings.of_one(times, values, references),
-            learned_from=max(0, learned_from - first),
             covered=[
                 (start - first, None if stop is None else stop - first)
                 for start, stop in spans
@@ -474,12 +469,7 @@ def replay(
     marks += [start for start, _ in revisions]
     cuts = sorted({0, total, *(m - first for m in marks if first < m < first + total)})
     for start, stop in itertools.pairwise(cuts):
-        part = Readings(
-            np.array([stop - start]),
-            readings.times[start:stop],
-            readings.values[start:stop],
-            None if readings.references is None else readings.references[start:stop],
-        )
+        part = readings.part(start, stop)
         current = recurrence
         for begins, revised in revisions:
             if begins <= first + start:
@@ -502,51 +492,55 @@ def monitor_revising(
     """One stream's readings from its first through its learned model as the service runs
     them, its thresholds revised at each revision point (on the readings before it that no
     alarm covered) and applied from there: the events (closed, then still open) and the
-    revisions. Pure; the service adopts a revision from whichever reading its background job
-    reaches, this from the revision point itself."""
+    revisions. A revision waits while an alarm is open (thresholds are fitted again in
+    normal operation, never in the middle of a fault: raised there, they could close its
+    alarm while it lasts). Pure; the service adopts a revision from whichever reading its
+    background job reaches, this from the revision point itself."""
     total = int(readings.counts[0])
-    interval = revision_interval(learned)
+    period = learned.sample_period_s
     revisions: list[tuple[int, MonitorConfig]] = []
-    while True:
-        base = learned.recurrence()
-        state = base.new_state()
-        stages = [(start, Recurrence(learned.forecaster, config)) for start, config in revisions]
-        point = (revisions[-1][0] if revisions else learned_from) + interval
-        stop = min(total, point)
+    current = learned.recurrence()
+    state = current.new_state()
+    closed: list[AlarmEvent] = []
+
+    def run(stop: int) -> None:
+        start = state.samples
         replayed = replay(
-            base,
+            current,
             state,
-            _first(readings, stop),
-            learned.sample_period_s,
+            readings.part(start, stop),
+            period,
             quiet_until=learned_from,
             events_from=learned_from,
-            revisions=stages,
         )
-        current = stages[-1][1] if stages else base
-        events = replayed.closed + current.monitor.open_events(state.monitor)
-        if stop == total:
-            return events, revisions
-        covered = [(start, end) for _, start, end in alarm_spans(events)]
-        config = revised_monitor(
-            learned, _first(readings, stop), learned_from=learned_from, covered=covered
-        )
+        closed.extend(replayed.closed)
+
+    while True:
+        point = next_revision(learned, revisions[-1][0] if revisions else learned_from)
+        run(min(total, point))
+        while state.samples < total and current.monitor.open_events(state.monitor):
+            run(state.samples + 1)
+        if state.samples >= total:
+            return closed + current.monitor.open_events(state.monitor), revisions
+        stop = state.samples
+        covered = [(start, end) for _, start, end in alarm_spans(closed)]
+        config = revised_monitor(learned, readings.part(0, stop), covered=covered)
         revisions.append((stop, config))
+        current = Recurrence(learned.forecaster, config)
 
 
 def revised_monitor(
     learned: LearnedModel,
     readings: Readings,
     *,
-    learned_from: int,
     covered: Sequence[tuple[int, int | None]],
 ) -> MonitorConfig:
     """The learned monitor with its thresholds fitted again (`app.learning.adapt.revise`) on
-    one stream's readings from its first: their residuals under the learned model, those from
-    `learned_from` on that no alarm (`covered` spans, as the alarm rows hold them) covered."""
+    one stream's readings from its first: their residuals under the learned model, those that
+    no alarm (`covered` spans, as the alarm rows hold them) covered."""
     values = readings.values
     result = learned.forecast(readings)
     normal = result.monitored.copy()
-    normal[:learned_from] = False
     for start, stop in covered:  # never evidence of normal
         normal[start : normal.shape[0] if stop is None else stop] = False
     return revise(
@@ -556,14 +550,4 @@ def revised_monitor(
         normal=normal,
         missing=np.isnan(values).any(axis=1).astype(np.float64),
         reference_gaps=None if readings.references is None else result.reference_gap,
-    )
-
-
-def _first(readings: Readings, count: int) -> Readings:
-    """One stream's first `count` readings."""
-    return Readings(
-        np.array([count]),
-        readings.times[:count],
-        readings.values[:count],
-        None if readings.references is None else readings.references[:count],
     )

@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, SessionTransaction
 
 from app import catalogue
 from app.errors import ArtifactError, ConflictError, DataError, NotFoundError
-from app.learning.adapt import revision_interval
+from app.learning.adapt import next_revision
 from app.learning.learn import LearnedModel
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.monitor import MonitorConfig
@@ -526,10 +526,13 @@ class LiveStreams:
 
     def revision_due(self, live: LiveStream) -> bool:
         """Whether a learned stream has seen enough readings since its thresholds were last
-        fitted to fit them again (app/learning/adapt.py)."""
+        fitted to fit them again (app/learning/adapt.py), with no alarm open: thresholds are
+        fitted again in normal operation, never in the middle of a fault."""
         learned = live.learned
-        return learned is not None and (
-            live.state.samples >= live.revised_from + revision_interval(learned)
+        return (
+            learned is not None
+            and not live.open_peaks
+            and live.state.samples >= next_revision(learned, live.revised_from)
         )
 
     def adopt_revision(

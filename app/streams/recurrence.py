@@ -36,7 +36,7 @@ from pydantic_core import to_json
 from app.errors import DataError
 from app.forecasting.base import Forecaster
 from app.monitoring.alarms import AlarmEvent
-from app.monitoring.monitor import Monitor, MonitorConfig, MonitorState
+from app.monitoring.monitor import HOLDING, Monitor, MonitorConfig, MonitorState
 
 STATE_VERSION = 2
 DEFAULT_MAX_GAP = 10
@@ -59,6 +59,29 @@ class StreamState:
     pending: FloatArray  # (outputs,) the forecast made after the last reading; NaN: none
     monitor: MonitorState
     latest: FloatArray  # (2 targets + detectors,) the last forecasts, residuals, statistics
+    held: int = 0  # readings in a row kept out of the history (an alarm open): see `advance`
+
+    def copy(self) -> StreamState:
+        """An independent copy: `Recurrence.advance` replaces the arrays, never writes into
+        them, and changes the monitor's rule states in place (copied)."""
+        return StreamState(
+            self.samples,
+            self.last_time,
+            self.run,
+            self.since_imputed,
+            self.missing_run,
+            self.history,
+            self.carry,
+            self.pending,
+            self.monitor.copy(),
+            self.latest,
+            self.held,
+        )
+
+    def become(self, other: StreamState) -> None:
+        """Take `other`'s values (a copy made before a block, to redo it)."""
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(other, name))
 
     def to_bytes(self, monitor: Monitor) -> bytes:
         """The checkpoint: exact JSON (floats round-trip), written by pydantic-core. The last
@@ -75,6 +98,7 @@ class StreamState:
                 "pending": _json_numbers(self.pending),
                 "monitor": monitor.state_to_json(self.monitor),
                 "latest": _json_numbers(self.latest),
+                "held": self.held,
             }
         )
 
@@ -119,6 +143,15 @@ class Readings:
             np.asarray(times, dtype=np.int64),
             values,
             None if references is None else np.asarray(references, dtype=np.float64),
+        )
+
+    def part(self, start: int, stop: int) -> Readings:
+        """Readings `start:stop` of one stream's."""
+        return Readings(
+            np.array([stop - start]),
+            self.times[start:stop],
+            self.values[start:stop],
+            None if self.references is None else self.references[start:stop],
         )
 
 
@@ -237,6 +270,10 @@ class Recurrence:
         self.window = forecaster.window
         self.channels = forecaster.n_channels
         self.targets = forecaster.targets
+        growth = forecaster.spread_growth(1)
+        self._held_channels = (
+            None if growth is None or np.isnan(growth).all() else ~np.isnan(growth)
+        )
 
     @property
     def monitor_config(self) -> MonitorConfig:
@@ -268,6 +305,7 @@ class Recurrence:
         if readings.times.shape[0]:
             self.advance([state], readings, [sample_period_s])
             self.monitor.quiet(state.monitor)
+            state.held = 0
         return state
 
     def restore(
@@ -284,10 +322,11 @@ class Recurrence:
         keys = ("samples", "run", "since_imputed", "missing_run")
         try:
             samples, run, since_imputed, missing_run = (int(saved[key]) for key in keys)
+            held = 0 if fresh_monitor else int(saved.get("held", 0))
         except (KeyError, TypeError, ValueError):
             raise DataError("stream state: counters must be integers") from None
         if (
-            min(samples, run, since_imputed, missing_run) < 0
+            min(samples, run, since_imputed, missing_run, held) < 0
             or max(run, since_imputed) > self.window
         ):
             raise DataError("stream state: counters out of range")
@@ -313,6 +352,7 @@ class Recurrence:
             pending=_array(saved.get("pending"), (forecaster.outputs,), "pending"),
             monitor=monitor,
             latest=latest,
+            held=held,
         )
 
     def _upgrade(self, saved: Mapping[str, Any]) -> dict[str, Any]:
@@ -394,7 +434,94 @@ class Recurrence:
         self, states: Sequence[StreamState], readings: Readings, periods: Sequence[float]
     ) -> BlockResult:
         """Advance each stream (`states[i]`, whose readings come every `periods[i]` seconds) by
-        its readings, in place. Bad input raises a DataError before anything changes."""
+        its readings, in place. Bad input raises a DataError before anything changes.
+
+        Holding out. With a forecaster that can say how its error grows when it is fed its own
+        forecasts (`Forecaster.spread_growth`: the learned linear models), a reading after
+        which an alarm of a `HOLDING` detector is open does not enter the model's history:
+        its forecast does, as for a missing reading. The model keeps forecasting what normal
+        would look like, so a sustained fault stays visible for as long as it lasts (and its
+        echo does not come back a season later), and the alarm closes when the readings are
+        back where normal would be. The residuals of a stream holding readings out are
+        divided by that growth (a forecast h readings ahead is less sure than the next one's),
+        so a sensor that wanders has its alarm close once its wander covers the gap.
+
+        A block runs all its streams at once; a stream whose alarm opens in it, or that
+        holds readings out already, is run again from there one reading at a time (whether
+        a reading enters the history depends on its own alarm), until its alarm closes."""
+        if self._held_channels is None:
+            return self._advance_block(states, readings, periods)
+        before = [state.copy() for state in states]
+        result = self._advance_block(states, readings, periods)
+        counts = np.asarray(readings.counts, dtype=np.int64)
+        for row, state in enumerate(states):
+            earlier = before[row]
+            if not counts[row] or not (
+                earlier.held
+                or self.monitor.holding(earlier.monitor)
+                or any(e.detector in HOLDING for e in result.opened.get(row, ()))
+            ):
+                continue
+            state.become(earlier)
+            start = int(result.offsets[row])
+            parts = self._one_by_one(
+                state, readings.part(start, start + int(counts[row])), periods[row]
+            )
+            _replace(result, row, parts)
+        return result
+
+    def _one_by_one(
+        self, state: StreamState, readings: Readings, period: float
+    ) -> list[BlockResult]:
+        """One stream's readings, as blocks while it holds nothing out and one at a time while
+        it does (see `advance`)."""
+        parts: list[BlockResult] = []
+        total, position = int(readings.counts[0]), 0
+        while position < total:
+            if not state.held and not self.monitor.holding(state.monitor):
+                earlier = state.copy()
+                part = self._advance_block([state], readings.part(position, total), [period])
+                opening = [
+                    e.start - earlier.samples
+                    for e in part.opened.get(0, ())
+                    if e.detector in HOLDING
+                ]
+                if not opening:
+                    parts.append(part)
+                    break
+                state.become(earlier)
+                first = min(opening)
+                if first:
+                    parts.append(
+                        self._advance_block(
+                            [state], readings.part(position, position + first), [period]
+                        )
+                    )
+                    position += first
+            one = readings.part(position, position + 1)
+            earlier = state.copy()
+            part = self._advance_block([state], one, [period])
+            if (
+                self.monitor.holding(state.monitor)
+                and not part.imputed[0]
+                and np.isfinite(earlier.pending).all()
+            ):
+                state.become(earlier)
+                part = self._advance_block([state], one, [period], hold=True)
+            parts.append(part)
+            position += 1
+        return parts
+
+    def _advance_block(
+        self,
+        states: Sequence[StreamState],
+        readings: Readings,
+        periods: Sequence[float],
+        *,
+        hold: bool = False,
+    ) -> BlockResult:
+        """`advance` for streams holding nothing out; `hold`: one stream's one reading is kept
+        out of the history (its forecast enters it)."""
         counts = np.asarray(readings.counts, dtype=np.int64)
         values = np.asarray(readings.values, dtype=np.float64)
         total, streams = int(counts.sum()), len(states)
@@ -446,7 +573,11 @@ class Recurrence:
 
         restart = padded(self._gaps(states, readings.times, offsets, counts, periods), False)
         plan = self._plan(states, present, np.isnan(block).any(axis=2) & present, restart, counts)
-        forecast = self._forecast(states, block, plan)
+        held_before = np.array([state.held for state in states], dtype=np.int64)
+        holding = np.zeros((streams, steps), dtype=bool)
+        if hold:
+            holding[:] = plan.action == _REAL
+        forecast = self._forecast(states, block, plan, holding)
 
         has_forecast = (plan.action == _REAL) & plan.warm
         targets = self.targets
@@ -462,19 +593,39 @@ class Recurrence:
         if "missing" in self.monitor.kinds:  # (only a monitor that watches for them)
             missing = np.where(present, (plan.action >= _IMPUTED).astype(np.float64), np.nan)
         first_samples = [state.samples for state in states]
+        watched_residual = np.where(monitored[:, :, None], residual, np.nan)
+        held_out = None
+        if held_before.any():
+            growth = np.ones((streams, targets))
+            for row in np.flatnonzero(held_before).tolist():
+                spread = self.forecaster.spread_growth(int(held_before[row]) + 1)
+                assert spread is not None
+                growth[row] = np.nan_to_num(spread, nan=1.0)
+            watched_residual = watched_residual / growth[:, None, :]
+            assert self._held_channels is not None
+            held_out = (held_before[:, None] > 0) & self._held_channels[None, :targets]
         watched = self.monitor.advance(
             [state.monitor for state in states],
-            np.where(monitored[:, :, None], residual, np.nan),
+            watched_residual,
             None if readings.references is None else gaps,
             first_samples=first_samples,
             missing=missing,
+            held_out=held_out,
+            readings=np.where(monitored[:, :, None], block[:, :, :targets], np.nan)
+            if "frozen" in self.monitor.kinds
+            else None,
         )
         forecast = np.where(plan.warm[:, :, None], forecast, np.nan)
         self._remember_latest(states, forecast, residual, watched.statistics)
+        appended = (plan.action == _REAL) | (plan.action == _IMPUTED)
         for row, state in enumerate(states):
             if counts[row]:
                 state.samples += int(counts[row])
                 state.last_time = int(readings.times[offsets[row + 1] - 1])
+                if hold or (state.held and (plan.action[row] == _IMPUTED).all()):
+                    state.held += int(appended[row].sum())
+                elif appended[row].any() or plan.fresh[row].any():
+                    state.held = 0
 
         return BlockResult(
             offsets=offsets,
@@ -619,7 +770,7 @@ class Recurrence:
         state.run, state.since_imputed, state.missing_run = run, since, missing
 
     def _forecast(
-        self, states: Sequence[StreamState], block: np.ndarray, plan: _Plan
+        self, states: Sequence[StreamState], block: np.ndarray, plan: _Plan, holding: np.ndarray
     ) -> np.ndarray:
         """Each reading's forecast of each target, (N, T, targets) (NaN where none), the
         forecaster called once per stretch of
@@ -639,7 +790,7 @@ class Recurrence:
         appended = (plan.action == _REAL) | (plan.action == _IMPUTED)
         cuts = [0, steps]
         if steps > 1:
-            breaks = (plan.action == _IMPUTED) | (plan.action == _DROPPED) | plan.fresh
+            breaks = (plan.action == _IMPUTED) | (plan.action == _DROPPED) | plan.fresh | holding
             breaks[:, 1:] |= appended[:, 1:] != appended[:, :-1]
             cuts = [0, *np.flatnonzero(breaks[:, 1:].any(axis=0)) + 1, steps]
         for start, stop in itertools.pairwise(cuts):
@@ -661,6 +812,16 @@ class Recurrence:
                 )
                 block[imputed, start] = np.where(np.isnan(guess), history[imputed, -1], guess)
             stretch = block[rows, start:stop]
+            kept_out = selected[holding[selected, start]]
+            if kept_out.size:  # (held out: its forecast enters the history, not the reading)
+                stretch = stretch.copy()
+                at = np.searchsorted(selected, kept_out)
+                assert self._held_channels is not None
+                stretch[at, 0, :targets] = np.where(
+                    self._held_channels[:targets],
+                    pending[kept_out, :targets],
+                    stretch[at, 0, :targets],
+                )
             made, carry[rows] = forecaster.advance(history[rows], stretch, carry[rows])
             forecast[rows, start] = pending[rows, :targets]
             forecast[rows, start + 1 : stop] = made[:, :-1, :targets]
@@ -671,3 +832,18 @@ class Recurrence:
             state.history, state.carry = history[row].copy(), carry[row].copy()
             state.pending = pending[row].copy()
         return forecast
+
+
+def _replace(result: BlockResult, row: int, parts: Sequence[BlockResult]) -> None:
+    """Stream `row`'s part of `result` redone as `parts` (one stream's blocks, in order)."""
+    start, stop = int(result.offsets[row]), int(result.offsets[row + 1])
+    for name in ("forecast", "residual", "imputed", "monitored", "reference_gap"):
+        getattr(result, name)[start:stop] = np.concatenate([getattr(p, name) for p in parts])
+    for kind, values in result.statistics.items():
+        values[start:stop] = np.concatenate([p.statistics[kind] for p in parts])
+    for events, name in ((result.opened, "opened"), (result.closed, "closed")):
+        redone = [e for p in parts for e in getattr(p, name).get(0, ())]
+        if redone:
+            events[row] = redone
+        else:
+            events.pop(row, None)

@@ -267,7 +267,7 @@ def test_a_learning_streams_overrides_name_detectors_it_may_get(auto_client: Tes
     client = auto_client
     unknown = client.put("/v1/streams/o", json={"detectors": {"cusum": {"enabled": False}}})
     assert unknown.status_code == 422 and "cusum" in unknown.json()["detail"]
-    kinds = ("point", "shift", "rolling_rms", "variance_floor", "mahalanobis", "level", "missing")
+    kinds = ("point", "shift", "rolling_rms", "frozen", "mahalanobis", "level", "missing")
     every = {kind: {"enabled": False} for kind in kinds}
     assert client.put("/v1/streams/o", json={"detectors": every}).status_code == 422
     named = client.put("/v1/streams/o", json={"model": "lstm-seed0", "false_alarms_per_day": 2})

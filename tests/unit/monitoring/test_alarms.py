@@ -25,8 +25,11 @@ def stepped(
     return opened, closed
 
 
-def rule(k: int = 1, n: int = 1, m: int = 3, direction: str = "above") -> AlarmRule:
-    return AlarmRule("point", AlarmPolicy(k=k, n=n, m=m), threshold=1.0, direction=direction)  # type: ignore[arg-type]
+def rule(
+    k: int = 1, n: int = 1, m: int = 3, direction: str = "above", clear: float = 1.0
+) -> AlarmRule:
+    policy = AlarmPolicy(k=k, n=n, m=m, clear=clear)
+    return AlarmRule("point", policy, threshold=1.0, direction=direction)  # type: ignore[arg-type]
 
 
 def test_persistence_opens_on_the_kth_exceedance_within_n() -> None:
@@ -83,9 +86,13 @@ class PlainRule:
         self.open: dict[str, float] | None = None
         self.events: list[AlarmEvent] = []
 
-    def reading(self, sample: int, statistic: float, over: bool) -> None:
+    def reading(self, sample: int, statistic: float, over: bool, near: bool = False) -> None:
+        """`near`: inside the threshold, not yet within its clear share (holds an open alarm)."""
         ordinal, self.ordinal = self.ordinal, self.ordinal + 1
-        if over:
+        if near and not over:
+            if self.open is not None:
+                self.open.update(last=ordinal, last_sample=sample)
+        elif over:
             self.exceedances.append(ordinal)
             recent = [o for o in self.exceedances if o > ordinal - self.n]
             if self.open is not None:
@@ -114,8 +121,20 @@ class PlainRule:
             self.open = None
 
 
-@pytest.mark.parametrize(("k", "n", "m"), [(1, 1, 1), (1, 1, 20), (2, 3, 5), (3, 10, 2)])
-def test_any_grouping_of_readings_gives_the_plain_rules_events(k: int, n: int, m: int) -> None:
+@pytest.mark.parametrize(
+    ("k", "n", "m", "clear"),
+    [
+        (1, 1, 1, 1.0),
+        (1, 1, 20, 1.0),
+        (2, 3, 5, 1.0),
+        (3, 10, 2, 1.0),
+        (1, 1, 5, 0.6),
+        (2, 3, 3, 0.8),
+    ],
+)
+def test_any_grouping_of_readings_gives_the_plain_rules_events(
+    k: int, n: int, m: int, clear: float
+) -> None:
     rng = np.random.default_rng(k * 100 + n * 10 + m)
     count = 3000
     statistics = rng.exponential(size=count).tolist()
@@ -123,17 +142,21 @@ def test_any_grouping_of_readings_gives_the_plain_rules_events(k: int, n: int, m
     samples = np.sort(rng.choice(np.arange(2 * count), size=count, replace=False)).tolist()
     plain = PlainRule(k, n, m)
     for sample, statistic in zip(samples, statistics, strict=True):
-        plain.reading(sample, statistic, statistic > limit)
+        plain.reading(sample, statistic, statistic > limit, statistic > clear * limit)
 
     states = []
     for sizes in ([count], [1] * count, rng.integers(1, 200, size=count).tolist()):
-        tested, state, closed = rule(k, n, m), RuleState(), []
+        tested, state, closed = rule(k, n, m, clear=clear), RuleState(), []
         start = 0
         for size in sizes:
             part = slice(start, min(count, start + size))
             chunk = statistics[part]
             _, ended = tested.observe(
-                state, samples[part], chunk, [i for i, x in enumerate(chunk) if x > limit]
+                state,
+                samples[part],
+                chunk,
+                [i for i, x in enumerate(chunk) if x > limit],
+                lingering=[i for i, x in enumerate(chunk) if clear * limit < x <= limit],
             )
             closed += ended
             start = part.stop
@@ -168,3 +191,20 @@ def test_state_round_trip_mid_event() -> None:
         RuleState.from_json({"seen": 1, "recent": [5], "open": None}, policy, "point")
     with pytest.raises(DataError):
         RuleState.from_json({"seen": 1}, policy, "point")
+
+
+def test_a_statistic_hovering_about_its_threshold_is_one_alarm_with_hysteresis() -> None:
+    hovering = [2.0, 0.9, 0.8, 1.1, 0.95, 0.7, 1.2, 0.85, 0.9, 0.9, 0.75] + [0.1] * 5
+    for clear, alarms in ((1.0, 3), (0.6, 1)):
+        tested, state, opened = rule(m=2, clear=clear), RuleState(), []
+        for sample, statistic in enumerate(hovering):
+            o, _ = tested.observe(
+                state,
+                [sample],
+                [statistic],
+                [0] if statistic > 1 else [],
+                lingering=[0] if clear < statistic <= 1 else [],
+            )
+            opened += o
+        assert len(opened) == alarms
+        assert tested.current(state) is None  # closed once the statistic fell below 0.6
