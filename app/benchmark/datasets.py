@@ -4,7 +4,8 @@ columns and a 0/1 `anomaly` column (and optionally `changepoint`), such as SKAB'
 A path is one CSV file or a directory searched for them (in natural order: 2.csv before 10.csv).
 The separator (`,` or `;`) is detected; the time column is the first one, as a date and time
 (ISO 8601, no zone: UTC) or as seconds since the epoch; every other column but the labels is a
-sensor channel, empty or NaN for a missing number.
+sensor channel, empty or NaN for a missing number. A file is loaded whatever its number of
+channels: whether a stream takes them is the run's question, answered per file.
 """
 
 from __future__ import annotations
@@ -12,14 +13,15 @@ from __future__ import annotations
 import csv
 import math
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 
 from app.errors import DataError
-from app.schemas import MAX_CHANNELS, RESERVED_CHANNELS
+from app.schemas import RESERVED_CHANNELS
 
 LABELS = ("anomaly", "changepoint")
 
@@ -107,8 +109,6 @@ def load_file(path: Path, root: Path) -> LabelledFile:
     channels = [c for c in header[1:] if c not in LABELS]
     if not channels:
         raise DataError(f"{name}: no sensor column")
-    if len(channels) > MAX_CHANNELS:
-        raise DataError(f"{name}: {len(channels)} sensor columns, a stream takes {MAX_CHANNELS}")
     index = {column: position for position, column in enumerate(header)}
     taken: set[str] = set()
     names = [channel_name(column, taken) for column in channels]
@@ -136,6 +136,33 @@ def load_file(path: Path, root: Path) -> LabelledFile:
 
 def load(root: Path) -> list[LabelledFile]:
     return [load_file(path, root) for path in find_files(root)]
+
+
+@dataclass
+class LoadedSet:
+    """A data set's files as loaded: one file that does not parse is that file's failure."""
+
+    files: list[LabelledFile] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # why each unlabelled CSV is not scored
+    failed: list[tuple[str, Exception]] = field(default_factory=list)  # (file, what went wrong)
+
+
+def load_set(
+    root: Path, *, paths: list[Path] | None = None, on_file: Callable[[str], None] | None = None
+) -> LoadedSet:
+    """Every CSV under `root` (or `paths`, as `find_files(root)` gave them)."""
+    loaded = LoadedSet()
+    for path in find_files(root) if paths is None else paths:
+        name = str(path.relative_to(root)) if root.is_dir() else path.name
+        try:
+            loaded.files.append(load_file(path, root))
+        except UnlabelledError as exc:
+            loaded.skipped.append(exc.detail)
+        except Exception as exc:  # one bad file is that file's failure, not the run's
+            loaded.failed.append((name, exc))
+        if on_file is not None:
+            on_file(name)
+    return loaded
 
 
 def learning_rows(spec: str, rows: int) -> int:

@@ -11,6 +11,11 @@ service, every row is posted, and its alarms are read back.
 Either way the result is the alarm state of every row, as the service said it at that reading:
 alarmed from the reading that opened an alarm up to the one that closed it, except where a
 re-opened alarm had closed for a while (its `gaps`, app/monitoring/incidents.py).
+
+A reference detector (`run_reference`, app/benchmark/reference.py) goes the in-process way from
+its alarm events on: the same alarm state, the same incidents.
+
+A stream that cannot learn (or take the file) raises: the caller records it as the file's error.
 """
 
 from __future__ import annotations
@@ -24,8 +29,10 @@ from typing import Any
 import numpy as np
 
 from app.benchmark.datasets import LabelledFile
+from app.benchmark.reference import Reference, alarm_events, tail_probability
 from app.errors import AppError, DataError
-from app.learning.learn import LearnedModel, learn
+from app.learning.learn import LearnedModel, learn, sample_period
+from app.monitoring.alarms import AlarmEvent
 from app.monitoring.incidents import incident_spans
 from app.streams.learning import monitor_revising
 from app.streams.recurrence import Readings
@@ -41,29 +48,16 @@ class FileRun:
     events: list[dict[str, Any]] = field(default_factory=list)
     models: dict[str, str] = field(default_factory=dict)  # channel -> model kind
     sample_period_s: float = math.nan
-    error: str | None = None
+    threshold: float | None = None  # a reference's, on its statistic
 
 
 def _span(alarmed: np.ndarray, start: int, stop: int | None) -> None:
     alarmed[start : alarmed.shape[0] if stop is None else stop] = True
 
 
-def run_in_process(
-    labelled: LabelledFile, learn_rows: int, *, false_alarms_per_day: float = 1.0
-) -> FileRun:
-    rows = labelled.rows
+def _from_events(rows: int, events: list[AlarmEvent], sample_period_s: float) -> FileRun:
+    """The alarm state and incidents of a record's events (samples: row numbers)."""
     alarmed = np.zeros(rows, dtype=bool)
-    try:
-        learned: LearnedModel = learn(
-            labelled.times[:learn_rows],
-            labelled.values[:learn_rows],
-            false_alarms_per_day=false_alarms_per_day,
-        )
-    except DataError as exc:
-        return FileRun(alarmed, error=exc.detail)
-    events, _ = monitor_revising(
-        learned, Readings.of_one(labelled.times, labelled.values), learned_from=learn_rows
-    )
     for event in events:  # what the service said at each reading (a re-opened alarm's gaps too)
         _span(alarmed, event.start, event.cleared_at)
     return FileRun(
@@ -73,9 +67,40 @@ def run_in_process(
             {"detector": e.detector, "opened": e.start, "closed": e.cleared_at, "peak": e.peak}
             for e in sorted(events, key=lambda e: e.start)
         ],
-        models=dict(zip(labelled.channels, learned.kinds, strict=True)),
-        sample_period_s=learned.sample_period_s,
+        sample_period_s=sample_period_s,
     )
+
+
+def run_in_process(
+    labelled: LabelledFile, learn_rows: int, *, false_alarms_per_day: float = 1.0
+) -> FileRun:
+    learned: LearnedModel = learn(
+        labelled.times[:learn_rows],
+        labelled.values[:learn_rows],
+        false_alarms_per_day=false_alarms_per_day,
+    )
+    events, _ = monitor_revising(
+        learned, Readings.of_one(labelled.times, labelled.values), learned_from=learn_rows
+    )
+    run = _from_events(labelled.rows, events, learned.sample_period_s)
+    run.models = dict(zip(labelled.channels, learned.kinds, strict=True))
+    return run
+
+
+def run_reference(
+    reference: Reference,
+    labelled: LabelledFile,
+    learn_rows: int,
+    *,
+    false_alarms_per_day: float = 1.0,
+) -> FileRun:
+    """A reference detector on one file, learning from the same rows under the same budget."""
+    tail = tail_probability(labelled.times, learn_rows, false_alarms_per_day)
+    statistic = reference.statistic(labelled.values, learn_rows, tail)
+    events = alarm_events(statistic.values, statistic.threshold, reference.name)
+    run = _from_events(labelled.rows, events, sample_period(labelled.times[:learn_rows]))
+    run.threshold = statistic.threshold
+    return run
 
 
 def _body(labelled: LabelledFile, start: int, stop: int) -> list[dict[str, Any]]:
@@ -122,9 +147,9 @@ def run_over_http(
             if time.monotonic() > deadline:
                 raise AppError(f"{labelled.name}: the stream did not learn in {timeout_s:g} s")
             time.sleep(0.05)
-        alarmed = np.zeros(labelled.rows, dtype=bool)
         if learning.get("error"):
-            return FileRun(alarmed, error=learning["error"])
+            raise DataError(f"the stream could not learn: {learning['error']}")
+        alarmed = np.zeros(labelled.rows, dtype=bool)
         alarms = client.alarms(stream_id)
         for alarm in alarms:  # its span, but for the gaps while it had closed
             own = np.zeros(labelled.rows, dtype=bool)

@@ -9,20 +9,37 @@ Two families:
 - SKAB's leaderboard protocol, so figures sit beside its published table:
   outlier detection (TP, FP, FN and TN summed over all files, then F1 = TP / (TP + (FP + FN)
   / 2), FAR = FP / (FP + TN), MAR = FN / (FN + TP)) and changepoint detection (NAB scoring:
-  each labelled changepoint opens a window of 60 s to its right (a window that would overlap
-  the previous one starts where the previous one ends); the first predicted changepoint (a row where
+  each labelled changepoint opens a window to its right (a window that would overlap the
+  previous one starts where the previous one ends); the first predicted changepoint (a row where
   the 0/1 state changes) in a window earns a credit falling from +1 at the changepoint to A_fp
   at the window's end along a tanh; an empty window costs A_fn; each predicted changepoint
   outside every window costs A_fp; scores are summed over files and normalised so that the
   detector that predicts nothing scores 0 and the perfect one 100).
+
+The window's length follows a rule (`nab_window_s`): `skab`, SKAB's fixed 60 s, for figures
+beside its leaderboard; `nab`, NAB's own rule, for data at any pace: 10 % of the scored part's
+duration shared among its labelled anomalies (at least one sample period). A fixed 60 s holds
+one row of 3-minute data and an hour of 1 Hz data; NAB's rule gives every file the same share.
+A file without anomalies has no window under `nab`: only its false changes cost.
+
+The budget (`budget_check`): a stream is given a number of false alarms a day. A file kept it
+when its false incidents (incidents starting on a normal row) are at most the 99th percentile of
+a Poisson count whose mean is the budget times the normal rows' days. The slack: a stream that
+raises exactly its budget on average fails the check in at most 1 % of files, so a few files
+of a large set fail by chance; on short files the allowance is strict (a mean under 0.01, such
+as one SKAB file at one alarm a day, allows none), on long ones it nears the budget (a mean of
+1 allows 4, of 10 allows 18).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
+from scipy.stats import poisson
+
+from app.errors import DataError
 
 PROFILES: dict[str, tuple[float, float]] = {
     "standard": (-0.11, -1.0),
@@ -30,8 +47,23 @@ PROFILES: dict[str, tuple[float, float]] = {
     "low_fn": (-0.11, -2.0),
 }
 """NAB profiles: (A_fp, A_fn); a detected window earns at most A_tp = 1."""
-NAB_WINDOW_S = 60.0
+WindowRule = Literal["nab", "skab"]
+WINDOW_RULES: tuple[WindowRule, ...] = ("nab", "skab")
+SKAB_WINDOW_S = 60.0
+"""SKAB's changepoint window, whatever the data's pace."""
+NAB_WINDOW_SHARE = 0.10
+"""NAB's windows: this share of a file's scored duration, split among its anomalies."""
+BUDGET_QUANTILE = 0.99
+"""A file kept its budget when its false incidents are at most this quantile of Poisson's."""
 _CREDIT_STEPS = 1000
+
+
+def window_rule(name: str) -> WindowRule:
+    """`--window`'s text as a rule."""
+    for rule in WINDOW_RULES:
+        if name == rule:
+            return rule
+    raise DataError(f"the changepoint window is one of {', '.join(WINDOW_RULES)}, got {name!r}")
 
 
 def runs(mask: np.ndarray) -> list[tuple[int, int]]:
@@ -48,17 +80,37 @@ def _credit(position: float, a_fp: float) -> float:
     return float(y[min(int(position * _CREDIT_STEPS), _CREDIT_STEPS - 1)])
 
 
+def nab_window_s(
+    rule: WindowRule, times_s: np.ndarray, anomaly: np.ndarray, period_s: float
+) -> float | None:
+    """The changepoint window of one file's scored rows (times in seconds); None: no window
+    (`nab` on a file without anomalies)."""
+    if rule == "skab":
+        return SKAB_WINDOW_S
+    anomalies = len(runs(anomaly))
+    if not anomalies:
+        return None
+    duration = float(times_s[-1] - times_s[0]) + period_s  # R readings cover R periods
+    return max(period_s, NAB_WINDOW_SHARE * duration / anomalies)
+
+
 def nab(
-    times: np.ndarray, changepoints: np.ndarray, predicted: np.ndarray
+    times: np.ndarray,
+    changepoints: np.ndarray,
+    predicted: np.ndarray,
+    window_s: float | None = SKAB_WINDOW_S,
 ) -> dict[str, tuple[float, float, float]]:
-    """One file's NAB (score, null score, perfect score) per profile; times in seconds."""
+    """One file's NAB (score, null score, perfect score) per profile; times in seconds.
+    `window_s` None: no window, each predicted change costs A_fp."""
     state = np.asarray(predicted, dtype=bool)
     changes = np.zeros(state.shape[0], dtype=bool)
     if state.shape[0]:
         changes[0] = state[0]
         changes[1:] = state[1:] != state[:-1]
     moments = times[changes]
-    windows = [[float(t), float(t) + NAB_WINDOW_S] for t in times[np.asarray(changepoints, bool)]]
+    windows: list[list[float]] = []
+    if window_s is not None:
+        windows = [[float(t), float(t) + window_s] for t in times[np.asarray(changepoints, bool)]]
     for i in range(len(windows) - 1):
         if windows[i][1] >= windows[i + 1][0]:
             windows[i + 1][0] = windows[i][1]
@@ -78,6 +130,31 @@ def nab(
     return out
 
 
+@dataclass(frozen=True)
+class Budget:
+    """Whether one file's false incidents kept to its stream's budget (see the module)."""
+
+    allowed: int
+    false_incidents: int
+    kept: bool
+    normal_days: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "allowed": self.allowed,
+            "false_incidents": self.false_incidents,
+            "kept": self.kept,
+            "normal_days": self.normal_days,
+        }
+
+
+def budget_check(false_incidents: int, normal_days: float, false_alarms_per_day: float) -> Budget:
+    """The false incidents a file may have at its budget, and whether it kept to them."""
+    mean = false_alarms_per_day * normal_days
+    allowed = int(poisson.ppf(BUDGET_QUANTILE, mean)) if mean > 0 else 0
+    return Budget(allowed, false_incidents, false_incidents <= allowed, normal_days)
+
+
 @dataclass
 class FileScore:
     """One file's alarm state against its labels (the scored rows only)."""
@@ -94,6 +171,8 @@ class FileScore:
     delays_s: list[float]
     incidents_per_anomaly: list[int]
     normal_days: float
+    nab_window_s: float | None
+    budget: Budget
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -105,9 +184,13 @@ def score_file(
     alarmed: np.ndarray,
     period_s: float,
     incidents: list[tuple[int, int]] | None = None,
+    *,
+    window: WindowRule = "nab",
+    false_alarms_per_day: float = 1.0,
 ) -> FileScore:
     """Score the scored rows of one file (times in seconds). `incidents`: [start, stop) rows
-    of the service's incidents (default: each run of alarmed rows)."""
+    of the service's incidents (default: each run of alarmed rows); `window`: the changepoint
+    window's rule; `false_alarms_per_day`: the budget the detector was given."""
     anomaly = np.asarray(anomaly, dtype=bool)
     alarmed = np.asarray(alarmed, dtype=bool)
     tp = int((anomaly & alarmed).sum())
@@ -126,11 +209,13 @@ def score_file(
             delays.append(float(times_s[first] - times_s[start]))
     true_incidents = sum(1 for a, b in incidents if anomaly[a:b].any())
     false_incidents = sum(1 for a, _ in incidents if not anomaly[min(a, anomaly.shape[0] - 1)])
+    normal_days = float((~anomaly).sum()) * period_s / 86_400.0
+    window_s = nab_window_s(window, times_s, anomaly, period_s)
     return FileScore(
         name=name,
         rows=int(anomaly.shape[0]),
         confusion=(tp, fp, fn, tn),
-        nab=nab(times_s, changepoint, alarmed) if changepoint is not None else {},
+        nab=nab(times_s, changepoint, alarmed, window_s) if changepoint is not None else {},
         anomalies=len(events),
         caught=caught,
         incidents=len(incidents),
@@ -138,7 +223,9 @@ def score_file(
         false_incidents=false_incidents,
         delays_s=delays,
         incidents_per_anomaly=per_event,
-        normal_days=float((~anomaly).sum()) * period_s / 86_400.0,
+        normal_days=normal_days,
+        nab_window_s=window_s,
+        budget=budget_check(false_incidents, normal_days, false_alarms_per_day),
     )
 
 
@@ -180,6 +267,7 @@ def summary(scores: list[FileScore]) -> dict[str, Any]:
         "median_delay_s": float(np.median(delays)) if delays else None,
         "incidents_per_anomaly": float(np.mean(per_event)) if per_event else None,
     }
+    out["budget"] = {"files": len(scores), "kept": sum(s.budget.kept for s in scores)}
     return out
 
 

@@ -48,7 +48,7 @@ def test_nab_credits_the_first_change_in_a_window_and_charges_the_others() -> No
     late[110:] = True  # the window [50, 110] ends at the change: about A_fp
     assert nab(times, changepoint, late)["standard"][0] == pytest.approx(-0.11, abs=0.01)
     # Normalised: null 0, perfect 100.
-    scored = score_file("a", times, np.zeros(200), changepoint, at_once, 1.0)
+    scored = score_file("a", times, np.zeros(200), changepoint, at_once, 1.0, window="skab")
     assert summary([scored])["nab_standard"] == pytest.approx(100 * (0.89 + 1) / 2)
 
 
