@@ -31,7 +31,7 @@ STREAM_ID_PATTERN = NAME_PATTERN
 
 CHANNEL_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"
 RESERVED_CHANNELS = frozenset({"t", "reference"})
-MAX_CHANNELS = 32
+MAX_CHANNELS = 128
 
 StreamId = Annotated[str, StringConstraints(pattern=STREAM_ID_PATTERN)]
 ModelName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
@@ -399,6 +399,11 @@ class ChannelModelOut(BaseModel):
     )
     naive_rmse: float | None = Field(description="The naive forecast's error there (last value).")
     residual_scale: float = Field(description="The typical size of its residuals.")
+    constant: bool = Field(
+        False,
+        description="It did not move while the stream learned: it is watched by itself, "
+        "for any change, and left out of the distance that watches the channels together.",
+    )
     linear: str | None = Field(
         None, description="For a network: the linear model it was chosen over."
     )

@@ -130,6 +130,7 @@ class LearnedModel:
                 "validation_rmse": _number(fit.validation_rmse),
                 "naive_rmse": _number(fit.naive_rmse),
                 "residual_scale": scale.scale,
+                "constant": scale.resolution == 0,
             }
             for name, kind, fit, scale in zip(
                 channels, self.kinds, self.fits, self.scales, strict=True

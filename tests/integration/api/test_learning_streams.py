@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 import app.streams.learning as learning_module
+from app.schemas import MAX_CHANNELS
 from tests.integration.conftest import AppFactory
 
 START = 1_700_000_000.0
@@ -347,3 +348,22 @@ def test_a_fit_is_not_adopted_by_a_process_that_no_longer_holds_the_stream(
     stream = client.get("/v1/streams/pump").json()
     assert stream["phase"] == "learning" and stream["learned_model"] is None
     assert client.get("/v1/models/auto.pump").status_code == 404
+
+
+def test_a_stream_of_the_most_channels_learns_and_names_a_constant_one(
+    auto_client: TestClient,
+) -> None:
+    client = auto_client
+    names = tuple(f"v{c:03d}" for c in range(MAX_CHANNELS))
+    too_many = [*names, "one more"]
+    assert client.put("/v1/streams/w", json={"channels": too_many}).status_code == 422
+    put = client.put("/v1/streams/w", json={"channels": list(names), "learning": {"readings": 300}})
+    assert put.status_code in (200, 201), put.text
+    rng = np.random.default_rng(3)
+    values = 10 + rng.normal(0, 1, (300, MAX_CHANNELS)).cumsum(axis=0) * 0.1
+    values[:, 7] = 1.0  # a set point that never moved
+    body = {"readings": readings(values, 0, channels=names)}
+    assert client.post("/v1/streams/w/readings", json=body).status_code == 200
+    wait_for(lambda: client.get("/v1/streams/w").json()["phase"] == "monitoring", 120)
+    channels = client.get("/v1/streams/w").json()["learned_model"]["channels"]
+    assert [name for name, channel in channels.items() if channel["constant"]] == ["v007"]
