@@ -6,12 +6,17 @@ beside this file) readable without a script, a stylesheet of our own and, for th
 - `/streams/{id}` one stream: its live chart (drawn by `static/stream.js` from
   `GET /v1/streams/{id}/readings` and `GET /v1/alarms`), settings, model, detectors and alarms;
   `/streams/{id}/shadow` the comparison with a shadowing candidate (replayed on demand);
+  `/streams/{id}/new-normal` and `/streams/{id}/run` an operator's confirmation that a
+  learned stream's process has a new normal (a retrain job from then on), and running the
+  version it made;
 - `/alarms` alarms across streams, filtered, each acknowledged with a name;
 - `/sign-in` when reads are protected (`access.py` says how the token is kept)."""
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path as FilePath
@@ -26,6 +31,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.api.deps import (
+    AppState,
     SessionDep,
     SettingsDep,
     SingleQueryValues,
@@ -33,16 +39,18 @@ from app.api.deps import (
     token_accepted,
     utcnow,
 )
+from app.api.jobs import create_job
 from app.api.queries import CursorQuery
 from app.api.shadows import compared
-from app.api.streams import described, stream_page
-from app.errors import AppError
+from app.api.streams import described, stream_page, switch_model
+from app.errors import AppError, DataError
 from app.monitoring.detectors import DETECTORS
 from app.registry import AUTO, NAME_PATTERN, learned_name
-from app.schemas import AcknowledgeIn, AlarmOut, StreamOut
+from app.schemas import AcknowledgeIn, AlarmOut, JobIn, JobOut, ModelChoice, StreamOut
 from app.settings import Settings
 from app.storage.models import Alarm, Stream
 from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import jobs as job_repo
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.stale import STALE
@@ -183,17 +191,147 @@ def stream_detail(
     row = _stream(session, stream_id)
     if row is None:
         return missing(request, f"No stream “{stream_id}”.")
-    recent = alarm_repo.page(session, stream_id=stream_id, limit=RECENT_ALARMS).items
+    return _stream_page(request, session, state, row, at=at)
+
+
+def _stream_page(
+    request: Request,
+    session: Session,
+    state: AppState,
+    row: Stream,
+    *,
+    at: float | None = None,
+    problem: str | None = None,
+    code: int = 200,
+) -> Response:
+    recent = alarm_repo.page(session, stream_id=row.id, limit=RECENT_ALARMS).items
+    stream = described(state, session, row)
+    relearning = next(
+        (
+            job
+            for job in job_repo.page(session, stream_id=row.id, limit=20, before=None)
+            if job.kind == "retrain"
+        ),
+        None,
+    )
+    offered = None  # the version that job made, if the stream does not run it yet
+    if relearning is not None and relearning.phase == "succeeded" and relearning.result:
+        made = (relearning.result["name"], relearning.result["version"])
+        if made != (model_label(stream), stream.model_version):
+            offered = relearning.result
+    since = min((alarm.opened_at for alarm in stream.open_alarms), default=None)
     return render(
         request,
         "stream.html",
         {
-            **_facts(described(state, session, row)),
+            **_facts(stream),
             "alarms": [AlarmOut.of(alarm) for alarm in recent],
-            "shadow": version_repo.shadow_of(session, stream_id),
+            "shadow": version_repo.shadow_of(session, row.id),
             "at": at,
+            "relearning": None if relearning is None else JobOut.of(relearning),
+            "offered": offered,
+            "since": "" if since is None else since.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S"),
+            "token_needed": not holds(request, state.settings.write_tokens()),
+            "problem": problem,
         },
+        code,
     )
+
+
+StreamChange = Callable[[], Response | None]
+"""A page's change to a stream: None when it was made, or the response that refuses it."""
+
+
+def _change_stream(
+    request: Request,
+    session: Session,
+    state: AppState,
+    stream_id: str,
+    token: str,
+    doing: str,
+    change: StreamChange,
+) -> Response:
+    """A change a stream page's form asks for (`doing`: what it is, for a refusal): made with
+    the API token the service requires, if any, then back to the stream's page; a refusal
+    answers the page with the reason (an API refusal's own detail)."""
+    row = _stream(session, stream_id)
+    if row is None:
+        return missing(request, f"No stream “{stream_id}”.")
+    given = token.strip()
+    refusal = _token_refusal(request, state.settings, given, doing)
+    if refusal is not None:
+        return _stream_page(request, session, state, row, problem=refusal, code=401)
+    try:
+        refused = change()
+    except AppError as exc:
+        return _stream_page(request, session, state, row, problem=exc.detail, code=exc.status)
+    if refused is not None:
+        detail = json.loads(bytes(refused.body)).get("detail", f"{doing} was refused")
+        return _stream_page(request, session, state, row, problem=detail, code=refused.status_code)
+    address = f"{request.url_for('stream_detail', stream_id=stream_id).path}#new-normal"
+    response = RedirectResponse(address, status_code=status.HTTP_303_SEE_OTHER)
+    if given:
+        remember_token(request, response, given)
+    return response
+
+
+@router.post(
+    "/streams/{stream_id}/new-normal",
+    response_class=HTMLResponse,
+    dependencies=[SameSite, PageReader],
+)
+def confirm_new_normal(
+    request: Request,
+    stream_id: str,
+    session: SessionDep,
+    state: StateDep,
+    since: Annotated[str, Form(max_length=64)] = "",
+    token: Annotated[str, Form(max_length=1000)] = "",
+) -> Response:
+    """An operator confirms that the stream's readings since `since` (UTC) are its new normal:
+    a retrain job learns the stream afresh from them, as `POST /v1/streams/{id}/jobs` does;
+    the page then offers to run the version it makes."""
+
+    def queue() -> Response | None:
+        try:
+            moment = datetime.fromisoformat(since.strip())
+            body = JobIn(kind="retrain", since=moment.replace(tzinfo=moment.tzinfo or UTC))
+        except (ValueError, ValidationError):
+            raise DataError(
+                "Give the moment the new normal began, as a date and time (UTC)."
+            ) from None
+        create_job(stream_id, body, session, state, Response())
+        return None
+
+    return _change_stream(request, session, state, stream_id, token, "Learning a new normal", queue)
+
+
+@router.post(
+    "/streams/{stream_id}/run",
+    response_class=HTMLResponse,
+    dependencies=[SameSite, PageReader],
+)
+def run_version(
+    request: Request,
+    stream_id: str,
+    session: SessionDep,
+    state: StateDep,
+    name: Annotated[str, Form(max_length=300)] = "",
+    version: Annotated[str, Form(max_length=20)] = "",
+    token: Annotated[str, Form(max_length=1000)] = "",
+) -> Response:
+    """Run the version a new normal's job made, as `POST /v1/streams/{id}/model` does."""
+
+    def switch() -> Response | None:
+        try:
+            choice = ModelChoice(name=name, version=int(version))
+        except (ValueError, ValidationError):
+            raise DataError("There is no such version to run.") from None
+        answer = switch_model(stream_id, choice, session, state)
+        # (Forwarded to the worker that holds the stream, its refusal is a response.)
+        return answer if isinstance(answer, Response) and answer.status_code >= 400 else None
+
+    return _change_stream(request, session, state, stream_id, token, "Running a version", switch)
 
 
 @router.get("/streams/{stream_id}/facts", response_class=HTMLResponse, dependencies=[PageReader])
@@ -376,17 +514,9 @@ def _who(
 ) -> str | Refusal:
     """Who acknowledges, or why not (the token first: whether an alarm exists is for those who
     may acknowledge it)."""
-    needed = settings.write_tokens()
-    if needed is not None:
-        if given and not token_accepted(given, needed):
-            message = "That is not this service's API token: nothing was acknowledged."
-            return Refusal(401, alarm_id, message, by)
-        if not given and not holds(request, needed):
-            message = (
-                "Acknowledging needs this service's API token (TWINWATCH_API_TOKEN): enter it "
-                "beside your name. It is kept for this browser session only."
-            )
-            return Refusal(401, alarm_id, message, by)
+    refusal = _token_refusal(request, settings, given, "Acknowledging")
+    if refusal is not None:
+        return Refusal(401, alarm_id, refusal, by)
     if alarm_repo.get(session, alarm_id) is None:
         return Refusal(404, alarm_id, f"There is no alarm {alarm_id}.", by)
     try:
@@ -394,6 +524,22 @@ def _who(
     except ValidationError:
         message = "Give a name of 1 to 128 characters (yours or a system's) to acknowledge."
         return Refusal(422, alarm_id, message, by[:128])
+
+
+def _token_refusal(request: Request, settings: Settings, given: str, doing: str) -> str | None:
+    """Why a page's change is refused for want of the API token the service requires (`doing`:
+    what the change is), or None."""
+    needed = settings.write_tokens()
+    if needed is None:
+        return None
+    if given and not token_accepted(given, needed):
+        return "That is not this service's API token: nothing was changed."
+    if not given and not holds(request, needed):
+        return (
+            f"{doing} needs this service's API token (TWINWATCH_API_TOKEN): enter it in the "
+            "form. It is kept for this browser session only."
+        )
+    return None
 
 
 @router.get("/sign-in", response_class=HTMLResponse)
