@@ -230,7 +230,12 @@ def create_app(
             )
         watch = None
         if settings.stale_periods > 0 and state.bus is None:
-            watch = StaleWatch(state.streams, metrics, periods=settings.stale_periods)
+            watch = StaleWatch(
+                state.streams,
+                metrics,
+                periods=settings.stale_periods,
+                min_s=settings.stale_min_s,
+            )
             watch.start()
         try:
             if after_startup is not None:

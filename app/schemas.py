@@ -455,6 +455,13 @@ class StreamOut(BaseModel):
     updated_at: datetime
     samples_seen: int
     last_t: datetime | None = Field(description="Time of the last accepted reading.")
+    stale_after_s: float | None = Field(
+        None,
+        description="Seconds without a reading arriving after which the stream gets a stale "
+        "alarm: TWINWATCH_STALE_PERIODS sample periods (10), and at least "
+        "TWINWATCH_STALE_MIN_S (30 s). Null while its period is not known, or with no "
+        "stale timer.",
+    )
     open_alarms: list[AlarmOut]
     live: StreamLive | None = Field(
         None, description="The engine's current state; null until the stream has an engine."

@@ -114,8 +114,16 @@ class Settings(BaseSettings):
     stale_periods: float = Field(
         10.0,
         ge=0,
-        description="A stream silent for this many sample periods gets a stale alarm (raised "
-        "by a timer); 0 switches the timer off.",
+        description="A stream from which no reading has arrived for this many sample periods, "
+        "and for at least TWINWATCH_STALE_MIN_S seconds, gets a stale alarm (raised by a "
+        "timer); 0 switches the timer off.",
+    )
+    stale_min_s: float = Field(
+        30.0,
+        ge=0,
+        description="The shortest silence that makes a stream stale, whatever its period: a "
+        "gateway that uploads a fast stream every few seconds (or a person typing the next "
+        "request) is not a silent sensor.",
     )
     readings_retention_days: float | None = Field(
         None,

@@ -54,6 +54,7 @@ from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.live import LiveStream
+from app.streams.stale import stale_limit_s
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +273,9 @@ def described(state: AppState, session: Session, stream: Stream) -> StreamOut:
         )
     recurrence, stream_state = live.recurrence, live.state
     phase = _phase(session, stream, live)
+    settings = state.settings
+    if settings.stale_periods > 0:
+        phase["stale_after_s"] = stale_limit_s(live, settings.stale_periods, settings.stale_min_s)
     forecasts, residuals, statistics = recurrence.latest(stream_state)
     active = {event.detector for event in recurrence.monitor.open_events(stream_state.monitor)}
     last = stream_state.last_time

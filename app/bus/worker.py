@@ -124,6 +124,7 @@ class Worker:
                 streams,
                 metrics,
                 periods=settings.stale_periods,
+                min_s=settings.stale_min_s,
                 delay=self._delay,
             )
             watch.start()

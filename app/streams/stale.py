@@ -1,13 +1,16 @@
-"""Stale streams: a stream that has sent nothing for `periods` sample periods (the setting
-TWINWATCH_STALE_PERIODS, 10 by default: as many as restart a stream's warm-up) gets a
-`stale` alarm, raised by a timer (a silent sensor sends no reading that could raise it) and
-closed by its next reading. Prometheus sees it too: `twinwatch_stream_stale` and
-`twinwatch_seconds_since_reading`.
+"""Stale streams: a stream from which nothing has arrived for `periods` sample periods (the
+setting TWINWATCH_STALE_PERIODS, 10 by default: as many as restart a stream's warm-up), and for
+at least `min_s` seconds (TWINWATCH_STALE_MIN_S, 30 by default: gateways upload fast streams in
+batches every few seconds), gets a `stale` alarm, raised by a timer (a silent sensor sends no
+reading that could raise it) and closed by its next reading. Prometheus sees it too:
+`twinwatch_stream_stale` and `twinwatch_seconds_since_reading`.
 
 Silence is measured on the server's clock, from when the stream's last readings were accepted
 (a restart counts as an arrival: nothing is known of the time the service was down). The alarm's
 times are on the readings' clock, as every alarm's: it opens at the last reading's time plus the
-limit, and closes at the next reading's. A stream that never sent a reading is not stale.
+limit, and closes at the next reading's, or at its own opening if that reading is older (the
+readings were late, not missing: on their own clock there was no silence). A stream that never
+sent a reading is not stale.
 """
 
 from __future__ import annotations
@@ -30,12 +33,12 @@ STALE = "stale"
 CHECK_EVERY_S = 1.0
 
 
-def stale_limit_s(live: LiveStream, periods: float) -> float | None:
+def stale_limit_s(live: LiveStream, periods: float, min_s: float) -> float | None:
     """Seconds of silence that make the stream stale; None while it has no known period."""
     period = live.sample_period_s
     if not math.isfinite(period) or period <= 0:
         return None
-    return periods * period
+    return max(periods * period, min_s)
 
 
 class StaleWatch:
@@ -47,11 +50,13 @@ class StaleWatch:
         metrics: Metrics,
         *,
         periods: float,
+        min_s: float = 0.0,
         delay: Callable[[str], float] | None = None,
     ) -> None:
         self.streams = streams
         self.metrics = metrics
         self.periods = periods
+        self.min_s = min_s
         # Seconds a stream's readings may have been waiting to be processed (a bus worker's
         # backlog): its limit is that much longer, so the worker's delay is not taken for
         # the sensor's silence, and a sensor silent since before it still is.
@@ -79,7 +84,7 @@ class StaleWatch:
         moment = time.monotonic() if now is None else now
         opened = []
         for live in self.streams.live_streams():
-            limit = stale_limit_s(live, self.periods)
+            limit = stale_limit_s(live, self.periods, self.min_s)
             if limit is None or live.stale_since is not None or not live.state.samples:
                 continue  # (a stream that never sent anything is not silent: it has not begun)
             if moment - live.last_arrival > self._allowed(live, limit) and self._open(

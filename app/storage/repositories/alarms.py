@@ -67,10 +67,12 @@ def close(
     closed_sample: int,
     peak: float | None = None,
 ) -> Alarm:
+    """An alarm never closes before it opened: a stale alarm opens on the readings' clock at
+    its stream's last reading plus the silence allowed, and late readings can be older."""
     if alarm.state != "open":
         raise ValueError(f"alarm {alarm.id} is already closed")
     alarm.state = "closed"
-    alarm.closed_at = closed_at
+    alarm.closed_at = max(closed_at, alarm.opened_at)
     alarm.closed_sample = closed_sample
     if peak is not None:
         alarm.peak = peak

@@ -77,6 +77,7 @@ def engine_for(
         migrate_on_start=False,
         shipped_models=False,
         stale_periods=stale_periods,
+        stale_min_s=0,
     )
     return open_engine(settings, Metrics(), fake_loader)
 
