@@ -1,5 +1,5 @@
-"""Command line: `twinwatch simulate | train | calibrate | evaluate | serve | twin | demo | db |
-model | models | jobs`.
+"""Command line: `twinwatch simulate | train | calibrate | evaluate | serve | twin | demo | send |
+streams | alarms | incidents | db | model | models | jobs`.
 
 The command modules define plain functions; `build_cli` below is the one place that names every
 command and group, so a new command is one module and one line here. The commands are thin: they
@@ -22,6 +22,7 @@ from app.cli import (
     model,
     models,
     monitoring,
+    operate,
     service,
     simulate,
     train,
@@ -46,6 +47,24 @@ def build_cli() -> typer.Typer:
     root.command("worker")(service.worker_command)
     root.command("twin")(twin.twin_command)
     root.command("demo")(twin.demo_command)
+
+    root.command("send")(operate.send_command)
+    remote = "(--url, or TWINWATCH_URL; the token from TWINWATCH_API_TOKEN)"
+    streams = _group("streams", f"A running service's streams {remote}.")
+    streams.command("list")(operate.streams_list_command)
+    root.add_typer(streams)
+    alarms = _group("alarms", f"A running service's alarms: list, acknowledge {remote}.")
+    alarms.command("list")(operate.alarms_list_command)
+    alarms.command("ack")(operate.alarms_ack_command)
+    root.add_typer(alarms)
+    incidents = _group(
+        "incidents",
+        f"A running service's incidents (the alarms of one fault together): list, acknowledge "
+        f"{remote}.",
+    )
+    incidents.command("list")(operate.incidents_list_command)
+    incidents.command("ack")(operate.incidents_ack_command)
+    root.add_typer(incidents)
 
     evaluate = _group(
         "evaluate",
@@ -98,6 +117,7 @@ def _group(name: str, description: str) -> typer.Typer:
         no_args_is_help=True,
         pretty_exceptions_enable=False,
         add_completion=False,
+        rich_markup_mode="markdown",  # a docstring's hard-wrapped lines are one paragraph
     )
 
 
