@@ -308,8 +308,7 @@ def alarms_ack_command(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Acknowledge an alarm."""
-    done = call(url, "POST", f"/v1/alarms/{alarm}/acknowledge", {"by": by})
-    console.print(f"alarm {done['id']} acknowledged by {done['acknowledged_by']}")
+    _acknowledge(url, "alarm", alarm, by)
 
 
 def incidents_ack_command(
@@ -318,5 +317,9 @@ def incidents_ack_command(
     url: UrlOption = DEFAULT_URL,
 ) -> None:
     """Acknowledge an incident and its alarms."""
-    done = call(url, "POST", f"/v1/incidents/{incident}/acknowledge", {"by": by})
-    console.print(f"incident {done['id']} acknowledged by {done['acknowledged_by']}")
+    _acknowledge(url, "incident", incident, by)
+
+
+def _acknowledge(url: str, kind: str, number: int, by: str) -> None:
+    done = call(url, "POST", f"/v1/{kind}s/{number}/acknowledge", {"by": by})
+    console.print(f"{kind} {done['id']} acknowledged by {done['acknowledged_by']}")
