@@ -10,6 +10,8 @@ beside this file) readable without a script, a stylesheet of our own and, for th
   learned stream's process has a new normal (a retrain job from then on), and running the
   version it made;
 - `/alarms` alarms across streams, filtered, each acknowledged with a name;
+- `/incidents` incidents (the alarms of one fault together), open and recent, each with its
+  alarms, its moment on the chart, acknowledged with a name, and the way to a new normal;
 - `/sign-in` when reads are protected (`access.py` says how the token is kept)."""
 
 from __future__ import annotations
@@ -46,10 +48,19 @@ from app.api.streams import described, stream_page, switch_model
 from app.errors import AppError, DataError
 from app.monitoring.detectors import DETECTORS
 from app.registry import AUTO, NAME_PATTERN, learned_name
-from app.schemas import AcknowledgeIn, AlarmOut, JobIn, JobOut, ModelChoice, StreamOut
+from app.schemas import (
+    AcknowledgeIn,
+    AlarmOut,
+    IncidentOut,
+    JobIn,
+    JobOut,
+    ModelChoice,
+    StreamOut,
+)
 from app.settings import Settings
-from app.storage.models import Alarm, Stream
+from app.storage.models import Alarm, Incident, Stream
 from app.storage.repositories import alarms as alarm_repo
+from app.storage.repositories import incidents as incident_repo
 from app.storage.repositories import jobs as job_repo
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import streams as stream_repo
@@ -459,11 +470,11 @@ def _alarms(
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why the page did not acknowledge an alarm, shown above its alarms (with the name the
-    form gave, to try again)."""
+    """Why the page did not acknowledge an alarm or an incident (`subject`: "Alarm 12"), shown
+    above the list (with the name the form gave, to try again)."""
 
     status: int
-    alarm: int
+    subject: str
     message: str
     name: str
 
@@ -486,14 +497,26 @@ def acknowledge(
     one) from the form or the session. A refusal answers the alarms page with the reason."""
     given = token.strip()
     back = local(back, "/alarms")
-    who = _who(request, session, settings, alarm_id, by, given)
+    who = _who(
+        request,
+        settings,
+        f"Alarm {alarm_id}",
+        lambda: alarm_repo.get(session, alarm_id) is not None,
+        by,
+        given,
+    )
     if isinstance(who, Refusal):
         return _alarms(
             request, session, settings, AlarmFilters.of_page(back), None, back, refusal=who
         )
     alarm_repo.acknowledge(session, alarm_id, by=who, now=utcnow())
+    return _acknowledged(request, back, alarm_id, who, given)
+
+
+def _acknowledged(request: Request, back: str, number: int, who: str, given: str) -> Response:
+    """Back to the list, saying what was acknowledged; the name (and a token given) kept."""
     response = RedirectResponse(
-        with_acknowledged(back, alarm_id), status_code=status.HTTP_303_SEE_OTHER
+        with_acknowledged(back, number), status_code=status.HTTP_303_SEE_OTHER
     )
     if given:
         remember_token(request, response, given)
@@ -510,20 +533,146 @@ def with_acknowledged(back: str, alarm_id: int) -> str:
 
 
 def _who(
-    request: Request, session: Session, settings: Settings, alarm_id: int, by: str, given: str
+    request: Request,
+    settings: Settings,
+    subject: str,
+    exists: Callable[[], bool],
+    by: str,
+    given: str,
 ) -> str | Refusal:
-    """Who acknowledges, or why not (the token first: whether an alarm exists is for those who
-    may acknowledge it)."""
+    """Who acknowledges `subject`, or why not (the token first: whether it exists is for those
+    who may acknowledge it)."""
     refusal = _token_refusal(request, settings, given, "Acknowledging")
     if refusal is not None:
-        return Refusal(401, alarm_id, refusal, by)
-    if alarm_repo.get(session, alarm_id) is None:
-        return Refusal(404, alarm_id, f"There is no alarm {alarm_id}.", by)
+        return Refusal(401, subject, refusal, by)
+    if not exists():
+        return Refusal(404, subject, f"There is no {subject[0].lower()}{subject[1:]}.", by)
     try:
         return AcknowledgeIn(by=by).by
     except ValidationError:
         message = "Give a name of 1 to 128 characters (yours or a system's) to acknowledge."
-        return Refusal(422, alarm_id, message, by[:128])
+        return Refusal(422, subject, message, by[:128])
+
+
+@dataclass(frozen=True)
+class IncidentFilters:
+    """What the incidents page shows: every field empty shows every incident."""
+
+    stream: str = ""
+    state: AlarmStateFilter = ""
+
+    def query(self) -> str:
+        return urlencode({key: value for key, value in asdict(self).items() if value})
+
+
+@router.get("/incidents", response_class=HTMLResponse, dependencies=[PageReader])
+def incidents_page(
+    request: Request,
+    session: SessionDep,
+    settings: SettingsDep,
+    stream: Annotated[str, Query(max_length=128)] = "",
+    state: Annotated[AlarmStateFilter, Query()] = "",
+    cursor: CursorQuery = None,
+    acknowledged: Annotated[int | None, Query(ge=1, le=2**63 - 1)] = None,
+) -> Response:
+    """Incidents (the alarms of one fault together, the unit an operator acknowledges), open
+    and recent, newest first: each with its alarms, a link to the stream's chart at its
+    start, and for a stream that learned its model the way to a new normal."""
+    filters = IncidentFilters(stream.strip(), state)
+    done = None
+    if acknowledged is not None:
+        found = incident_repo.get(session, acknowledged)
+        done = found if found is not None and found.acknowledged_at is not None else None
+    return _incidents(request, session, settings, filters, cursor, here(request), done=done)
+
+
+def _incidents(
+    request: Request,
+    session: Session,
+    settings: Settings,
+    filters: IncidentFilters,
+    cursor: str | None,
+    back: str,
+    *,
+    done: Incident | None = None,
+    refusal: Refusal | None = None,
+) -> Response:
+    incidents: list[Incident] = []
+    next_cursor = None
+    if not filters.stream or named(filters.stream):
+        page = incident_repo.page(
+            session,
+            stream_id=filters.stream or None,
+            state=filters.state or None,
+            limit=PAGE_SIZE,
+            cursor=cursor,
+        )
+        incidents, next_cursor = page.items, page.next_cursor
+    alarms = incident_repo.alarms_of(session, [incident.id for incident in incidents])
+    learning = {
+        stream.id
+        for stream in stream_repo.get_many(session, sorted({i.stream_id for i in incidents}))
+        if stream.model_name == AUTO
+    }
+    return render(
+        request,
+        "incidents.html",
+        {
+            "incidents": [IncidentOut.of(incident, alarms[incident.id]) for incident in incidents],
+            "alarms": {
+                incident.id: [AlarmOut.of(alarm) for alarm in alarms[incident.id]]
+                for incident in incidents
+            },
+            "learning": learning,
+            "filters": filters,
+            "query": filters.query(),
+            "next_cursor": next_cursor,
+            "cursor": cursor,
+            "token_needed": not holds(request, settings.write_tokens()),
+            "name": remembered_name(request) if refusal is None else refusal.name,
+            "back": back,
+            "done": None if done is None else IncidentOut.of(done, []),
+            "refusal": refusal,
+        },
+        200 if refusal is None else refusal.status,
+    )
+
+
+@router.post(
+    "/incidents/{incident_id}/acknowledge",
+    response_class=HTMLResponse,
+    dependencies=[SameSite, PageReader],
+)
+def acknowledge_incident_page(
+    request: Request,
+    incident_id: Annotated[int, Path(ge=1, le=2**63 - 1)],
+    session: SessionDep,
+    settings: SettingsDep,
+    by: Annotated[str, Form(max_length=1000)] = "",
+    token: Annotated[str, Form(max_length=1000)] = "",
+    back: Annotated[str, Form(max_length=2000)] = "/incidents",
+) -> Response:
+    """A page's acknowledgement of an incident and its alarms, as the alarms page's."""
+    given = token.strip()
+    back = local(back, "/incidents")
+    who = _who(
+        request,
+        settings,
+        f"Incident {incident_id}",
+        lambda: incident_repo.get(session, incident_id) is not None,
+        by,
+        given,
+    )
+    if isinstance(who, Refusal):
+        given_filters = dict(parse_qsl(urlsplit(back).query))
+        state = given_filters.get("state", "")
+        filters = IncidentFilters(
+            given_filters.get("stream", "").strip()[:128],
+            state if state in ("open", "closed") else "",  # type: ignore[arg-type]
+        )
+        return _incidents(request, session, settings, filters, None, back, refusal=who)
+    incident_repo.acknowledge(session, incident_id, by=who, now=utcnow())
+    return _acknowledged(request, back, incident_id, who, given)
 
 
 def _token_refusal(request: Request, settings: Settings, given: str, doing: str) -> str | None:

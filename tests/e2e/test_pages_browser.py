@@ -6,6 +6,8 @@ browser download is not used), against a real `twinwatch serve`.
 - A stream, with the lab record posted: the chart shades the spike's alarm span.
 - Alarms: with an API token configured, acknowledging without it fails with a clear message;
   with it the API then reports the alarm acknowledged, and the token is not asked again.
+- Incidents: reached from the navigation; one opens the chart at its moment and is acknowledged
+  from the keyboard, the token asked for once.
 - Every page fetches nothing from elsewhere and follows the light and dark schemes.
 
 Needs Debian's `chromium` (CI installs it); skipped, saying so, where it is missing. With
@@ -235,4 +237,54 @@ def test_the_chart_and_the_alarms_page_in_a_browser(
         page.goto(chart.split("#")[0])
         page.locator(f'#alarms-in-view li[data-alarm="{spike["id"]}"]').wait_for()
         screenshot(page, "stream.png", height=1000)
+    server.stop()
+
+
+def test_the_incidents_page_in_a_browser(
+    make_server: ServerFactory, databases: Any, tmp_path: Path, browser: Any
+) -> None:
+    server = make_server("incidents", new_database(databases, "sqlite", tmp_path))
+    server.env["TWINWATCH_API_TOKEN"] = TOKEN
+    server.start()
+    api = httpx.Client(
+        base_url=server.base_url, timeout=120, headers={"Authorization": f"Bearer {TOKEN}"}
+    )
+    assert api.put("/v1/streams/pump-1", json={}).status_code == 201
+    posted = api.post("/v1/streams/pump-1/readings?results=false", json=lab_readings(0, 7400))
+    assert posted.status_code == 200, posted.text
+    incidents = api.get("/v1/incidents", params={"stream": "pump-1"}).json()["items"]
+    spike = next(i for i in incidents if SPIKE.start <= i["opened_sample"] < SPIKE.start + 20)
+
+    page = browser.new_page(viewport={"width": 1100, "height": 900})
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.goto(server.base_url + "/")
+    page.get_by_role("link", name="Incidents", exact=True).click()
+    page.wait_for_url("**/incidents")
+    row = page.locator(f'tr[data-incident="{spike["id"]}"]')
+    assert "point" in row.inner_text() and "pump-1" in row.inner_text()
+
+    # Its link opens the stream's chart at its moment.
+    row.get_by_role("link", name=f"Incident {spike['id']} on the chart", exact=True).click()
+    page.wait_for_url("**/streams/pump-1?at=*")
+    assert not page.locator("#follow").is_checked()
+
+    # Acknowledged from the keyboard: the token asked for once, then the API says so.
+    page.goto(server.base_url + "/incidents")
+    page.locator(f"#token-{spike['id']}").fill(TOKEN)
+    name = page.locator(f"#by-{spike['id']}")
+    name.focus()
+    page.keyboard.type("jane")
+    page.keyboard.press("Enter")
+    page.wait_for_url("**/incidents?acknowledged=*")
+    assert "acknowledged by jane" in page.get_by_role("status").inner_text()
+    acknowledged = api.get(f"/v1/incidents/{spike['id']}").json()
+    assert acknowledged["acknowledged_by"] == "jane"
+    assert page.locator('input[name="token"]').count() == 0
+    assert all(TOKEN not in url for url in requested)
+
+    page.set_viewport_size({"width": 550, "height": 900})
+    page.goto(server.base_url + "/incidents")
+    assert page.evaluate(FITS)
+    both_schemes_and_nothing_from_elsewhere(page, server.base_url, requested)
     server.stop()

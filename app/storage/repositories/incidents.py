@@ -14,6 +14,10 @@ from app.storage.repositories.alarms import first_acknowledgement
 from app.storage.repositories.pages import Page, newest_first, opened_filters
 
 
+def get(session: Session, incident_id: int) -> Incident | None:
+    return session.get(Incident, incident_id)
+
+
 def require(session: Session, incident_id: int) -> Incident:
     incident = session.get(Incident, incident_id)
     if incident is None:
