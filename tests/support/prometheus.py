@@ -45,10 +45,13 @@ def scale_expr(expr: str) -> str:
     return re.sub(r"offset ([0-9a-z]+)", lambda m: f"offset {scale_duration(m.group(1))}", expr)
 
 
-def compressed_config(directory: Path, target: str | None = None) -> Path:
-    """prometheus.yml and alerts.yml of deploy/, time compressed, written to `directory`; the
-    scrape pointed at `target` (host:port) if given, else at the file's own (`app:8000`)."""
-    config = yaml.safe_load((DEPLOY / "prometheus.yml").read_text())
+def compressed_config(
+    directory: Path, target: str | None = None, source: str = "prometheus.yml"
+) -> Path:
+    """A Prometheus configuration of deploy/ (`source`) and alerts.yml, time compressed,
+    written to `directory`; the scrape pointed at `target` (host:port) if given, else at the
+    file's own."""
+    config = yaml.safe_load((DEPLOY / source).read_text())
     scrape = scale_duration(config["global"]["scrape_interval"])
     config["global"] = {
         "scrape_interval": scrape,
