@@ -121,6 +121,23 @@ class ServeProcess:
         return path.read_text(errors="replace")[-4000:] if path.exists() else ""
 
 
+def as_a_user_runs_it(name: str, directory: Path) -> ServeProcess:
+    """A server (not started) with the service's own defaults, as the README's reader has them
+    (its shipped models, no default model override, the stale timer on), on a SQLite file in
+    `directory`."""
+    server = ServeProcess(
+        name,
+        database_url=f"sqlite:///{directory / 'data' / 'twinwatch.db'}",
+        models_dir=directory / "models",
+        log_dir=directory,
+    )
+    for setting in ("TWINWATCH_MODELS_DIR", "TWINWATCH_DEFAULT_MODEL", "TWINWATCH_STALE_PERIODS"):
+        server.env.pop(setting)
+    (directory / "models").mkdir(exist_ok=True)
+    (directory / "data").mkdir(exist_ok=True)
+    return server
+
+
 def restarted(server: ServeProcess, *, timeout_s: float = 120) -> httpx.Client:
     """The server SIGKILLed and started again on its database; a client of it."""
     server.kill()

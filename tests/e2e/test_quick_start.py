@@ -25,7 +25,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.e2e.conftest import ROOT, ServeProcess, free_port
+from tests.e2e.conftest import ROOT, as_a_user_runs_it, free_port
 from tests.support.prometheus import compressed_config, query
 
 STREAM = "my-pump"
@@ -89,16 +89,7 @@ def test_the_quick_start_as_written(
     words = shlex.split(serve.rstrip("&").strip())
     environment = dict(word.split("=", 1) for word in words if "=" in word and word[0] != "-")
     assert words[len(environment) :] == ["twinwatch", "serve"], serve
-    server = ServeProcess(
-        "quick-start",
-        database_url=f"sqlite:///{tmp_path / 'data' / 'twinwatch.db'}",
-        models_dir=tmp_path / "models",
-        log_dir=tmp_path,
-    )
-    for name in ("TWINWATCH_MODELS_DIR", "TWINWATCH_DEFAULT_MODEL", "TWINWATCH_STALE_PERIODS"):
-        server.env.pop(name)  # the service's defaults, as the reader has them
-    (tmp_path / "models").mkdir()
-    (tmp_path / "data").mkdir()
+    server = as_a_user_runs_it("quick-start", tmp_path)
     server.env |= environment
     server.start()
     try:

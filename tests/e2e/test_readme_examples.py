@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.conftest import ROOT, ServeProcess
+from tests.e2e.conftest import ROOT, ServeProcess, as_a_user_runs_it
 
 README = ROOT / "README.md"
 SECTIONS = ("## The API in brief", "## Streams that learn", "## Reading and acknowledging alarms")
@@ -63,15 +63,7 @@ def send(client: httpx.Client, base: str, words: list[str]) -> httpx.Response:
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ServeProcess]:
-    serve = ServeProcess(
-        "readme",
-        database_url=f"sqlite:///{tmp_path / 'readme.db'}",
-        models_dir=tmp_path / "models",
-        log_dir=tmp_path,
-    )
-    for name in ("TWINWATCH_MODELS_DIR", "TWINWATCH_DEFAULT_MODEL", "TWINWATCH_STALE_PERIODS"):
-        serve.env.pop(name)  # the service's own defaults, as the README's reader has them
-    (tmp_path / "models").mkdir()
+    serve = as_a_user_runs_it("readme", tmp_path)
     serve.start()
     yield serve
     serve.kill()
