@@ -144,14 +144,18 @@ class Settings(BaseSettings):
         "alarms, alarm and incident counts once non-zero, stale streams); all (also residuals, "
         "detector statistics and thresholds, readings: for a few thousand streams at most).",
     )
-    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        "info", description="critical, error, warning, info or debug."
+    )
     log_format: Literal["text", "json"] = Field(
         "text",
         description="`json`: one JSON object a line (time, level, logger, message, request_id) "
         "for a log collector; uvicorn's lines too.",
     )
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    host: str = Field(
+        "127.0.0.1", description="The interface to listen on (0.0.0.0: every interface)."
+    )
+    port: int = Field(8000, ge=0, le=65535, description="The port to listen on.")
     migrate_on_start: bool = Field(
         True, description="Apply Alembic migrations when the app starts (first run needs nothing)."
     )
@@ -217,3 +221,23 @@ def load_settings() -> Settings:
             for error in exc.errors()
         )
         raise AppError(f"invalid settings: {problems}") from None
+
+
+def settings_help() -> str:
+    """Every setting as `twinwatch serve --help` lists it: its variable, default and meaning."""
+    lines = ["Settings, from the environment (default in brackets):", ""]
+    for name, field in Settings.model_fields.items():
+        default = field.default
+        shown = (
+            "unset"
+            if default in (None, "")
+            else str(default).lower()
+            if default
+            in (
+                True,
+                False,
+            )
+            else str(default)
+        )
+        lines.append(f"- **TWINWATCH_{name.upper()}** [{shown}]: {field.description or ''}")
+    return "\n".join(lines)

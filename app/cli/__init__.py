@@ -29,6 +29,7 @@ from app.cli import (
     twin,
 )
 from app.errors import AppError
+from app.settings import settings_help
 
 __all__ = ["build_cli", "cli", "main"]
 
@@ -43,7 +44,7 @@ def build_cli() -> typer.Typer:
     root.command("simulate")(simulate.simulate_command)
     root.command("train")(train.train_command)
     root.command("calibrate")(monitoring.calibrate_command)
-    root.command("serve")(service.serve_command)
+    root.command("serve", epilog=settings_help())(service.serve_command)
     root.command("worker")(service.worker_command)
     root.command("twin")(twin.twin_command)
     root.command("demo")(twin.demo_command)

@@ -9,7 +9,6 @@ import typer
 
 from app.logs import configure_logging
 from app.settings import load_settings
-from app.storage import migrations
 
 GC_THRESHOLDS = (50_000, 20, 100)
 """The cyclic collector's thresholds while serving. A request holds thousands of objects at once
@@ -40,7 +39,7 @@ def serve_command(
     """Run the service: the HTTP API, /docs and /metrics.
 
     One uvicorn worker holds every stream's state; the rest of its settings come from the
-    TWINWATCH_* environment variables (see the README).
+    TWINWATCH_* environment variables, listed below.
     """
     import uvicorn
 
@@ -68,6 +67,8 @@ def db_upgrade_command(
     ] = "head",
 ) -> None:
     """Migrate the database (TWINWATCH_DATABASE_URL) up to REVISION."""
+    from app.storage import migrations  # (alembic: only for these commands)
+
     settings = load_settings()
     settings.prepare_directories()
     migrations.upgrade(settings.database_url, revision)
@@ -80,6 +81,8 @@ def db_downgrade_command(
     ],
 ) -> None:
     """Migrate the database (TWINWATCH_DATABASE_URL) down to REVISION."""
+    from app.storage import migrations  # (alembic: only for these commands)
+
     settings = load_settings()
     migrations.downgrade(settings.database_url, revision)
     typer.echo(f"database at {_describe(migrations.current(settings.database_url))}")
@@ -87,6 +90,8 @@ def db_downgrade_command(
 
 def db_current_command() -> None:
     """Print the database's revision (TWINWATCH_DATABASE_URL) and whether it is the newest."""
+    from app.storage import migrations  # (alembic: only for these commands)
+
     settings = load_settings()
     revisions = migrations.current(settings.database_url)
     head = migrations.head()

@@ -70,3 +70,13 @@ def test_every_option_and_argument_has_help(path: tuple[str, ...]) -> None:
     assert command.help, "the command itself"
     for param in command.params:
         assert getattr(param, "help", None), f"{param.name} has no help"
+
+
+def test_serve_help_names_every_setting_with_its_meaning() -> None:
+    from app.settings import Settings
+
+    result = CliRunner().invoke(cli, ["serve", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    for name, field in Settings.model_fields.items():
+        assert f"TWINWATCH_{name.upper()}" in result.output, name
+        assert field.description, f"{name} has no description"
