@@ -27,6 +27,27 @@ DEFAULT_THRESHOLDS = (
 """The margins calibration uses without a target rate, in words for the help."""
 
 ModelOption = Annotated[Path, typer.Option("--model", help="Model directory (models/NAME).")]
+
+
+def _directory_or_shipped(model: Path) -> Path:
+    """A model directory, or the name of a model shipped with twinwatch."""
+    from app.registry import SHIPPED_MODELS_DIR
+
+    shipped = SHIPPED_MODELS_DIR / model.name
+    if not model.exists() and model.name == str(model) and shipped.is_dir():
+        return shipped
+    return model
+
+
+ReadModelOption = Annotated[
+    Path,
+    typer.Option(
+        "--model",
+        callback=_directory_or_shipped,
+        help="Model directory (models/NAME), or the name of a model shipped with twinwatch "
+        "(lstm-stateful-day-seed3, lstm-day-seed3, lstm-seed0).",
+    ),
+]
 DataOption = Annotated[
     Path,
     typer.Option("--data", help="CSV t,value[,reference]: one row per sample, uniformly spaced."),
@@ -138,7 +159,7 @@ def _thresholds_table(config: MonitorConfig) -> Table:
 
 
 def evaluate_monitor_command(
-    model: ModelOption,
+    model: ReadModelOption,
     data: DataOption,
     faults: Annotated[
         Path,

@@ -190,7 +190,8 @@ def train_command(
     lstm: an LSTM on each window's changes from its last reading;
     lstm-global: an LSTM on readings scaled by the training mean and std (it fails once the level
     leaves the training range);
-    lstm-stateful: an LSTM carried one step per reading, like the service's default model;
+    lstm-stateful: an LSTM carried one step per reading, like the twin's shipped model
+    (lstm-stateful-day-seed3);
     linear-ar: a linear autoregression on the window.
 
     The best epoch is picked on the last --validation-samples forecast origins before

@@ -235,3 +235,18 @@ def test_a_missing_model_is_a_one_line_error(
     args += [str(data_dir / "twin_seed0.csv"), "--holdout", "6000:7000"]
     code, _, err = run(args, monkeypatch, capsys)
     assert code == 2 and "no model directory" in err
+
+
+def test_evaluate_monitor_names_a_shipped_model(
+    tmp_path: Path,
+    data_dir: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no folder of that name here: the shipped model
+    report = tmp_path / "report.json"
+    args = ["evaluate", "monitor", "--model", "lstm-seed0", "--data", str(data_dir / f"{LAB}.csv")]
+    args += ["--faults", str(data_dir / f"{LAB}.faults.json"), "--json", str(report)]
+    code, _, err = run(args, monkeypatch, capsys)
+    assert code == 0, err
+    assert json.loads(report.read_text())["model"].endswith("shipped_models/lstm-seed0")
