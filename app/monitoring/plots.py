@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
 from app.monitoring.evaluation import MonitoredRecord
 from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
@@ -45,8 +47,7 @@ def plot_record(
     for panel, kind in zip(panels[1:], kinds, strict=True):
         panel.plot(x, record.statistics[kind][start:stop], lw=0.7, color="tab:blue")
         panel.axhline(thresholds[kind], color="tab:red", lw=0.9, ls="--", label="threshold")
-        panel.set_ylabel(kind, fontsize=8)
-        panel.set_title(_TITLES[kind], fontsize=8, loc="left")
+        panel.set_title(_TITLES[kind], fontsize=8, loc="left")  # (its name: no y label too)
         if kind == "cusum":
             panel.set_yscale("symlog", linthresh=max(thresholds[kind], 1e-6))
         for event in record.events:
@@ -67,8 +68,21 @@ def plot_record(
                 fontsize=7,
                 va="bottom",
             )
-    panels[-1].set_xlabel("sample (faults shaded orange, alarm events red)")
-    figure.tight_layout()
+    panels[-1].set_xlabel("sample")
+    figure.legend(
+        handles=[
+            Line2D([], [], color="black", lw=0.6, label="residual"),
+            Line2D([], [], color="tab:blue", lw=0.7, label="detector statistic"),
+            Line2D([], [], color="tab:red", lw=0.9, ls="--", label="its threshold"),
+            Patch(color="red", alpha=0.25, label="alarm open"),
+            Patch(color="orange", alpha=0.2, label="fault"),
+        ],
+        loc="upper right",
+        ncols=5,
+        fontsize=8,
+        frameon=False,
+    )
+    figure.tight_layout(rect=(0, 0, 1, 0.97))  # room for the legend above
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110)
     return path

@@ -149,8 +149,13 @@ class Recorder:
             (a, False) for a in answer.get("closed", [])
         ]:
             span = self._span(alarm, sample_of)
-            if opened:
-                self.spans.setdefault(span.id, span)
+            if opened and span.id in self.spans:  # re-opened: the same row, its first sample
+                self.spans[span.id] = span
+                at = batch.samples[0] if batch.samples else span.opened
+                line = Text(f"{at}  {span.detector} alarm re-opened (since {span.opened})", "red")
+                timed.append((at, 1, line))
+            elif opened:
+                self.spans[span.id] = span
                 line = Text(
                     f"{span.opened}  {span.detector} alarm OPENED "
                     f"(peak {span.peak:.3g}, threshold {span.threshold:.3g})",

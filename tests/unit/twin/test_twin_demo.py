@@ -105,6 +105,13 @@ def test_the_recorder_files_results_and_alarms_by_sample() -> None:
     assert recorder.alarm_spans()[0].closed == 7859
     record = recorder.monitored_record()
     assert [(e.detector, e.start, e.end) for e in record.events] == [("variance_floor", 7855, 7859)]
+    # Re-opened moments later: the same row, logged where it re-opened, not as new at 7855.
+    reopened = {**alarm, "closed_at": None}
+    later = recorder.add(
+        Batch(0, [7870], [], {"results": [], "opened": [reopened], "closed": []}, 0.0), sample_of
+    )
+    assert [line.plain for line in later] == ["7870  variance_floor alarm re-opened (since 7855)"]
+    assert recorder.open_detectors() == {"variance_floor"}
 
 
 def test_a_short_demo_run_catches_the_stuck_sensor_draws_it_and_cleans_up(
