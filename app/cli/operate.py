@@ -21,6 +21,7 @@ from rich.table import Table
 
 from app.cli.models import DEFAULT_URL, UrlOption, call, part
 from app.errors import AppError, DataError
+from app.schemas import LATEST_EPOCH_S
 
 console = Console()
 LABEL_COLUMNS = frozenset({"anomaly", "changepoint"})
@@ -37,8 +38,8 @@ def send_command(
         str,
         typer.Argument(
             help="A CSV file, or '-' for standard input: a header row, the time first (epoch "
-            "seconds or RFC 3339), then one column per channel; an empty cell is a missing "
-            "reading."
+            "seconds, or ISO 8601: UTC without an offset), then one column per channel; an "
+            "empty cell is a missing reading."
         ),
     ],
     create: Annotated[
@@ -90,7 +91,7 @@ def send_command(
         _reading(row, line, index, columns, reference, single)
         for line, row in enumerate(rows, start=2)
     ]
-    readings = [r for r in parsed if after is None or _seconds(r["t"]) > after]
+    readings = [r for r in parsed if after is None or r["t"] > after]
     if existing is None:
         body: dict[str, Any] = {"model": "auto", "channels": columns}
         if learn is not None:
@@ -133,10 +134,15 @@ def send_command(
 
 def _read(source: str) -> tuple[list[str], list[list[str]]]:
     try:
-        text = sys.stdin.read() if source == "-" else Path(source).read_text()
+        text = sys.stdin.read() if source == "-" else Path(source).read_text(encoding="utf-8-sig")
     except OSError as exc:
         raise DataError(f"cannot read {source}: {exc.strerror or exc}") from exc
-    table = list(csv.reader(io.StringIO(text)))
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{source} is not UTF-8 text: {exc.reason} at byte {exc.start}") from exc
+    try:
+        table = list(csv.reader(io.StringIO(text)))
+    except csv.Error as exc:
+        raise DataError(f"{source} is not a CSV file: {exc}") from exc
     if not table or not table[0]:
         raise DataError(f"{source} is empty: a header row comes first")
     return [name.strip() for name in table[0]], [row for row in table[1:] if row]
@@ -155,11 +161,7 @@ def _reading(
     moment = row[0].strip()
     if not moment:
         raise DataError(f"line {line}: no time")
-    stamp: float | str = moment
-    try:
-        stamp = float(moment)
-    except ValueError:
-        _seconds(moment, line)
+    stamp = _seconds(moment, line)
     values = {name: _number(row[index[name]], line, name) for name in columns}
     reading: dict[str, Any] = {"t": stamp}
     if single:
@@ -184,16 +186,27 @@ def _number(cell: str, line: int, column: str) -> float | None:
     return value
 
 
-def _seconds(moment: float | str, line: int | None = None) -> float:
-    """Epoch seconds of a time as the API takes it (a number, or RFC 3339)."""
-    if isinstance(moment, int | float):
-        return float(moment)
+def _seconds(moment: str, line: int | None = None) -> float:
+    """Epoch seconds of a time as a CSV or the service gives it: seconds since the epoch, or an
+    ISO 8601 time (without an offset: UTC). Checked as the service checks it, so a file is
+    refused before anything of it is sent."""
+    where = "" if line is None else f"line {line}: "
     try:
-        parsed = datetime.fromisoformat(moment.strip().replace("Z", "+00:00"))
+        seconds = float(moment)
     except ValueError:
-        where = "" if line is None else f"line {line}: "
-        raise DataError(f"{where}{moment!r} is not a time (epoch seconds or RFC 3339)") from None
-    return (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+        try:
+            parsed = datetime.fromisoformat(moment.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise DataError(
+                f"{where}{moment!r} is not a time (epoch seconds or ISO 8601)"
+            ) from None
+        seconds = (parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)).timestamp()
+    if not (math.isfinite(seconds) and 0 <= seconds < LATEST_EPOCH_S):
+        raise DataError(
+            f"{where}{moment!r} is not a time: seconds since the epoch run from 0 to "
+            f"{LATEST_EPOCH_S:.0e} (milliseconds? divide by 1,000)"
+        )
+    return seconds
 
 
 def _stream(url: str, stream: str) -> dict[str, Any] | None:

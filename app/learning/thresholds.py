@@ -74,9 +74,9 @@ QUIET_TO_CLOSE = 5
 machine closely; a fault that dips under a threshold for a while stays one incident (the
 quiet window of app/monitoring/incidents.py joins them)."""
 CLEAR = 0.6
-"""An open alarm counts a reading as back to normal only once its statistic is back 60 % of the
-way from its threshold to where it rests in normal operation (hysteresis, as a thermostat or a
-protection relay has): a fault whose statistic hovers about its threshold stays one alarm,
+"""An open alarm counts a reading as back to normal only once its statistic is below 60 % of the
+way from where it rests in normal operation up to its threshold (hysteresis, as a thermostat or
+a protection relay has): a fault whose statistic hovers about its threshold stays one alarm,
 instead of one alarm each time it crosses. The rolling RMS, whose resting level is the channel's
 noise, closes on its threshold. Chosen across the plant, spacecraft, pump and synthetic sets
 together, never per set."""

@@ -547,13 +547,16 @@ class LiveStreams:
         """Revised thresholds for a learned stream, from its next reading on: the next version
         of its learned models (the job that revised them, `job_id`, succeeds with it). False if
         it learned again or was revised meanwhile (`fitted_at`, `revisions`: what the revision
-        was computed from)."""
+        was computed from), or if an alarm opened meanwhile: thresholds are never revised in
+        the middle of a fault (it is revised once the alarm has closed)."""
         with self.database.session() as session:
             if self.owns is not None and not self.owns(session, stream_id):
                 return False  # another worker holds it now, and revises it again
             try:
                 live = self.hold(session, [stream_id])[0]
             except NotFoundError:
+                return False
+            if live.open_peaks:
                 return False
             row = learned_repo.get(session, stream_id)
             if row is None or row.fitted_at != fitted_at or len(row.revisions) != revisions:

@@ -129,7 +129,10 @@ def utc(moment: datetime | float | None) -> str:
     if moment is None:
         return ""
     if isinstance(moment, int | float):
-        moment = datetime.fromtimestamp(moment, UTC)
+        try:
+            moment = datetime.fromtimestamp(moment, UTC)
+        except (OverflowError, OSError, ValueError):
+            return f"{moment:g} s after 1970"
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
@@ -225,10 +228,12 @@ def _stream_page(
         ),
         None,
     )
-    offered = None  # the version that job made, if the stream does not run it yet
+    offered = None  # the version that job made, if no stream has run it yet
     if relearning is not None and relearning.phase == "succeeded" and relearning.result:
-        made = (relearning.result["name"], relearning.result["version"])
-        if made != (model_label(stream), stream.model_version):
+        made = version_repo.get(
+            session, relearning.result["name"], int(relearning.result["version"])
+        )
+        if made is not None and made.status == "candidate":
             offered = relearning.result
     since = min((alarm.opened_at for alarm in stream.open_alarms), default=None)
     return render(
@@ -275,6 +280,7 @@ def _change_stream(
     try:
         refused = change()
     except AppError as exc:
+        session.rollback()  # nothing of a refused change is kept, as the API's answer
         return _stream_page(request, session, state, row, problem=exc.detail, code=exc.status)
     if refused is not None:
         detail = json.loads(bytes(refused.body)).get("detail", f"{doing} was refused")

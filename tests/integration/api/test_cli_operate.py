@@ -127,3 +127,29 @@ def test_bad_input_is_one_clear_error_and_sends_nothing(client: TestClient, tmp_
     assert refused("send", "two", str(readings)) == (
         "the CSV's columns ['a', 'c'] are not stream 'two''s channels ['a', 'b']"
     )
+
+
+def test_send_refuses_times_and_files_the_service_would(client: TestClient, tmp_path: Path) -> None:
+    """Checked as the service checks them, before anything is sent: no traceback, no stream."""
+    readings = tmp_path / "pump.csv"
+    runner = CliRunner()
+
+    def refused(text: str | bytes) -> str:
+        if isinstance(text, bytes):
+            readings.write_bytes(text)
+        else:
+            readings.write_text(text)
+        with pytest.raises(AppError) as raised:
+            runner.invoke(cli, ["send", "q", str(readings), "--create"], catch_exceptions=False)
+        return raised.value.detail
+
+    assert "milliseconds?" in refused("time,flow\n1700000000000,1.0\n")
+    assert "'nan' is not a time" in refused("time,flow\nnan,1.0\n")
+    assert "'inf' is not a time" in refused("time,flow\ninf,1.0\n")
+    assert "is not UTF-8 text" in refused(b"time,flow\n1700000000,\xff\n")
+    assert client.get("/v1/streams/q").status_code == 404
+    # Without an offset, a time is UTC, and sent as such.
+    readings.write_text("time,flow\n2026-01-01T00:00:00,1.0\n2026-01-01 00:00:01,2.0\n")
+    assert "2 readings accepted" in run("send", "q", str(readings), "--create")
+    last = client.get("/v1/streams/q").json()["last_t"]
+    assert last.startswith("2026-01-01T00:00:01")

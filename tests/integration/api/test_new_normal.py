@@ -15,6 +15,8 @@ from typing import Any
 import numpy as np
 from fastapi.testclient import TestClient
 
+from app.learning.learn import LearnedModel
+from app.storage.repositories import learned as learned_repo
 from tests.integration.conftest import AppFactory
 from tests.support.jobs import finished
 
@@ -121,3 +123,25 @@ def test_a_new_normal_needs_a_moment_and_the_token(make_client: AppFactory) -> N
     jobs = client.get("/v1/jobs", params={"stream": "m"}, headers=headers).json()["items"]
     assert [job["kind"] for job in jobs] == ["learn"]  # no retrain was queued
     assert client.post("/streams/nothing/new-normal", data={"since": "x"}).status_code == 404
+
+
+def test_thresholds_revised_while_an_alarm_opened_are_not_adopted(
+    make_client: AppFactory,
+) -> None:
+    """A revision fitted before an alarm opened arrives while it is open: refused (it is fitted
+    again once the alarm has closed), so a fault's alarm is never closed by raised thresholds."""
+    client = make_client(default_model="auto")
+    learned_stream(client)
+    post(client, LEARNING, SHIFT + 50)  # the shift: its alarm open
+    assert open_alarms(client)
+    state = client.app_state["twinwatch"]
+    streams = state.streams
+    with state.database.session() as session:
+        row = learned_repo.get(session, "m")
+        assert row is not None
+        fitted_at, revisions = row.fitted_at, len(row.revisions)
+        monitor = LearnedModel.from_json(row.model).monitor
+    assert not streams.adopt_revision("m", monitor, fitted_at=fitted_at, revisions=revisions)
+    with state.database.session() as session:
+        after = learned_repo.get(session, "m")
+        assert after is not None and len(after.revisions) == revisions
