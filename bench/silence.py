@@ -83,6 +83,7 @@ def prepare(tree: Path, name: str, work: Path, url: str, model: str, streams: in
         default_model=model,
     )
     server.cwd = tree  # (its `app` is the tree's)
+    server.env["TWINWATCH_STALE_MIN_S"] = "0"  # the limit is 10 periods, not the 30 s default
     server.launch()
     server.wait_ready("/readyz")
     names = [f"gateway-{i:05d}" for i in range(streams)]

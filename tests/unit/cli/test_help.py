@@ -7,10 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 import typer
+from typer import _click as click
 from typer.core import TyperCommand, TyperGroup
 from typer.testing import CliRunner
 
-from app.cli import cli
+from app.cli import COMMANDS, cli
 
 JARGON = ("SPEC", "lab's", "the lab")
 
@@ -18,7 +19,9 @@ JARGON = ("SPEC", "lab's", "the lab")
 def walk(group: TyperGroup, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
     """The path of every command and group under `group`, `group` itself first."""
     yield path
-    for name, command in group.commands.items():
+    context = click.Context(group)
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
         if isinstance(command, TyperGroup):
             yield from walk(command, (*path, name))
         else:
@@ -34,8 +37,18 @@ def command_at(path: tuple[str, ...]) -> TyperCommand | TyperGroup:
     command: TyperCommand | TyperGroup = ROOT
     for name in path:
         assert isinstance(command, TyperGroup)
-        command = command.commands[name]
+        found = command.get_command(click.Context(command), name)
+        assert isinstance(found, TyperCommand | TyperGroup)
+        command = found
     return command
+
+
+def test_the_list_of_commands_says_what_each_command_says_of_itself() -> None:
+    """`twinwatch --help` lists the commands without importing them (`COMMANDS`): each line is
+    where its command's own help begins."""
+    for name, (_, line) in COMMANDS.items():
+        real = " ".join((command_at((name,)).help or "").split())
+        assert real.startswith(" ".join(line.split())), (name, real)
 
 
 def test_every_command_is_reachable() -> None:
