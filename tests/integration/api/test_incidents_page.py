@@ -19,9 +19,10 @@ from tests.integration.conftest import T0, AppFactory, make_stream
 TOKEN = "s3cret-token-of-32-characters-ok"
 
 
-def seeded(database: Database) -> None:
-    """pump-1 (a learning stream): incident 1, a point alarm over 100..105, closed; incident
-    2, a shift alarm from 250 joined by a point alarm at 252, open. pump-2: incident 3, closed."""
+def seeded(database: Database) -> dict[str, int]:
+    """pump-1 (a learning stream): a point alarm over 100..105, closed (incident "spike"); a
+    shift alarm from 250 joined by a point alarm at 252, open ("open"). pump-2: a closed one
+    ("other"). Returns the incidents' ids."""
     with database.session() as session:
         make_stream(session, "pump-1")
         make_stream(session, "pump-2")
@@ -29,8 +30,8 @@ def seeded(database: Database) -> None:
         assert learning is not None
         learning.model_name = AUTO
 
-        def apply(stream: str, opened: list[AlarmEvent], closed: list[AlarmEvent]) -> None:
-            alarm_repo.apply(
+        def apply(stream: str, opened: list[AlarmEvent], closed: list[AlarmEvent]) -> int:
+            done = alarm_repo.apply(
                 session,
                 stream_id=stream,
                 opened=opened,
@@ -40,13 +41,17 @@ def seeded(database: Database) -> None:
                 model_name="lstm-seed0",
                 model_version="test",
             )
+            incident = done.opened[0].incident_id
+            assert incident is not None
+            return incident
 
         spike = AlarmEvent("point", 100, 101, 9.0, 4.0, 105)
-        apply("pump-1", [spike], [spike])
-        apply("pump-1", [AlarmEvent("shift", 250, None, 3.0, 1.0)], [])
-        apply("pump-1", [AlarmEvent("point", 252, None, 6.0, 4.0)], [])
+        ids = {"spike": apply("pump-1", [spike], [spike])}
+        ids["open"] = apply("pump-1", [AlarmEvent("shift", 250, None, 3.0, 1.0)], [])
+        assert apply("pump-1", [AlarmEvent("point", 252, None, 6.0, 4.0)], []) == ids["open"]
         other = AlarmEvent("point", 150, 151, 5.0, 4.0, 155)
-        apply("pump-2", [other], [other])
+        ids["other"] = apply("pump-2", [other], [other])
+        return ids
 
 
 def rows(page: str) -> list[int]:
@@ -57,23 +62,24 @@ def test_the_incidents_page_lists_filters_and_links(
     make_client: AppFactory, database: Database
 ) -> None:
     client = make_client()
-    seeded(database)
+    ids = seeded(database)
     page = client.get("/incidents")
-    assert page.status_code == 200 and rows(page.text) == [2, 3, 1]
+    assert page.status_code == 200
+    assert rows(page.text) == [ids["open"], ids["other"], ids["spike"]]
     assert 'aria-current="page">Incidents' in page.text
-    assert rows(client.get("/incidents", params={"stream": "pump-2"}).text) == [3]
-    assert rows(client.get("/incidents", params={"state": "open"}).text) == [2]
+    assert rows(client.get("/incidents", params={"stream": "pump-2"}).text) == [ids["other"]]
+    assert rows(client.get("/incidents", params={"state": "open"}).text) == [ids["open"]]
     assert "No incident matches these filters" in client.get("/incidents?stream=a%20b").text
     text = html.unescape(page.text)
     # The open one: its two alarms, the way to a new normal (pump-1 learns its model), and
     # its moment on the chart.
-    row = text[text.index('<tr data-incident="2"') :]
+    row = text[text.index(f'<tr data-incident="{ids["open"]}"') :]
     row = row[: row.index("</tr>")]
     assert ">shift</a>" in row and ">point</a>" in row and "open" in row
     assert "/streams/pump-1#new-normal" in row
     at = (T0 + timedelta(seconds=25)).timestamp()  # shift's first reading, 250
     assert f'/streams/pump-1?at={at:.3f}#chart"' in row, row
-    closed = text[text.index('<tr data-incident="3"') :]
+    closed = text[text.index(f'<tr data-incident="{ids["other"]}"') :]
     assert "new-normal" not in closed[: closed.index("</tr>")]
 
 
@@ -81,28 +87,30 @@ def test_an_incident_is_acknowledged_from_the_page_with_the_token_once(
     make_client: AppFactory, database: Database
 ) -> None:
     client = make_client(api_token=TOKEN)
-    seeded(database)
+    number = seeded(database)["open"]
     headers = {"Authorization": f"Bearer {TOKEN}"}
-    without = client.post("/incidents/2/acknowledge", data={"by": "jane"})
+    without = client.post(f"/incidents/{number}/acknowledge", data={"by": "jane"})
     assert without.status_code == 401
     assert "Acknowledging needs this service's API token" in html.unescape(without.text)
-    assert client.get("/v1/incidents/2", headers=headers).json()["acknowledged_by"] is None
-    nameless = client.post("/incidents/2/acknowledge", data={"by": " ", "token": TOKEN})
+    assert client.get(f"/v1/incidents/{number}", headers=headers).json()["acknowledged_by"] is None
+    nameless = client.post(f"/incidents/{number}/acknowledge", data={"by": " ", "token": TOKEN})
     assert nameless.status_code == 422 and "Give a name" in html.unescape(nameless.text)
-    absent = client.post("/incidents/99/acknowledge", data={"by": "jane", "token": TOKEN})
-    assert absent.status_code == 404 and "There is no incident 99" in html.unescape(absent.text)
+    nowhere = number + 1000
+    absent = client.post(f"/incidents/{nowhere}/acknowledge", data={"by": "jane", "token": TOKEN})
+    assert absent.status_code == 404
+    assert f"There is no incident {nowhere}" in html.unescape(absent.text)
     done = client.post(
-        "/incidents/2/acknowledge",
+        f"/incidents/{number}/acknowledge",
         data={"by": "jane", "token": TOKEN, "back": "/incidents?state=open"},
         follow_redirects=False,
     )
     assert done.status_code == 303 and done.headers["location"] == (
-        "/incidents?state=open&acknowledged=2"
+        f"/incidents?state=open&acknowledged={number}"
     )
     page = html.unescape(client.get(done.headers["location"]).text)
-    assert "Incident 2 on pump-1 is acknowledged by jane" in page
+    assert f"Incident {number} on pump-1 is acknowledged by jane" in page
     assert 'name="token"' not in page  # asked once: the session keeps it
-    incident = client.get("/v1/incidents/2", headers=headers).json()
+    incident = client.get(f"/v1/incidents/{number}", headers=headers).json()
     assert incident["acknowledged_by"] == "jane"
     alarms = client.get("/v1/alarms", params={"stream": "pump-1"}, headers=headers).json()
-    assert {a["acknowledged_by"] for a in alarms["items"] if a["incident"] == 2} == {"jane"}
+    assert {a["acknowledged_by"] for a in alarms["items"] if a["incident"] == number} == {"jane"}
