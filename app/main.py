@@ -159,8 +159,10 @@ def _track(
         stream = stream_repo.get(session, stream_id)
         if stream is None:
             return
-        monitor = streams.read(session, stream).recurrence.monitor
+        live = streams.read(session, stream)
+        monitor = live.recurrence.monitor
         metrics.track_stream(stream_id, monitor.kinds, monitor.thresholds)
+        metrics.set_active(stream_id, live.open_peaks)
         if applied is not None:
             metrics.publish_alarms(
                 stream_id,
@@ -191,6 +193,7 @@ def resume_streams(
         metrics.track_stream(
             live.stream_id, live.recurrence.monitor.kinds, live.recurrence.monitor.thresholds
         )
+        metrics.set_active(live.stream_id, live.open_peaks)
         if live.stale_since is not None:
             metrics.publish_stale(live.stream_id, stale=True)
     with database.session() as session:

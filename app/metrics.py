@@ -365,6 +365,14 @@ class Metrics:
         self.track_stream(stream_id, ()).stale = stale
         self.publish_alarms(stream_id, opened=["stale"] * opened, incidents_opened=incidents_opened)
 
+    def set_active(self, stream_id: str, active: Iterable[str]) -> None:
+        """The stream's open alarms as its restored state has them (at start-up, and when it
+        switches to what it learned: the replay's alarms were raised by no request)."""
+        series = self.track_stream(stream_id, ())
+        opened = set(active)
+        for detector in series.active.keys() | opened:
+            series.active[detector] = detector in opened
+
     def set_open_incidents(self, stream_id: str, count: int) -> None:
         """The stream's open incidents as the database has them (at start-up)."""
         self.track_stream(stream_id, ()).open_incidents = float(count)

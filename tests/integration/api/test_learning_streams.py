@@ -367,3 +367,27 @@ def test_a_stream_of_the_most_channels_learns_and_names_a_constant_one(
     wait_for(lambda: client.get("/v1/streams/w").json()["phase"] == "monitoring", 120)
     channels = client.get("/v1/streams/w").json()["learned_model"]["channels"]
     assert [name for name, channel in channels.items() if channel["constant"]] == ["v007"]
+
+
+def test_alarms_the_switch_to_a_learned_model_raises_are_active_on_metrics(
+    auto_client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every reading arrived before the fit finished: the replay through the learned model
+    raises the shift's alarms, which no request raised; /metrics says they are open."""
+    client = auto_client
+    release, started = hold_the_fit(monkeypatch)
+    client.put("/v1/streams/m", json={"learning": {"readings": 300}})
+    values = 5 + np.random.default_rng(6).normal(0, 1, 600)
+    values[400:] += 8  # a shift that lasts
+    body = [{"t": START + i, "value": float(v)} for i, v in enumerate(values)]
+    assert client.post("/v1/streams/m/readings", json={"readings": body[:300]}).status_code == 200
+    assert started.wait(30)
+    assert client.post("/v1/streams/m/readings", json={"readings": body[300:]}).status_code == 200
+    release.set()
+    wait_for(lambda: client.get("/v1/streams/m").json()["phase"] == "monitoring")
+    wait_for(lambda: bool(client.get("/v1/streams/m").json().get("learned_model")))
+    opened = {alarm["detector"] for alarm in client.get("/v1/streams/m").json()["open_alarms"]}
+    assert opened
+    exported = client.get("/metrics").text
+    for detector in opened:
+        assert f'twinwatch_alarm_active{{detector="{detector}",stream="m"}} 1.0' in exported
