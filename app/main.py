@@ -8,6 +8,7 @@ records them in the models table and yields the typed `AppState` that requests r
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -20,6 +21,7 @@ from fastapi import FastAPI
 
 from app import __version__
 from app.api import alarms, health, incidents, jobs, models, readings, shadows, streams
+from app.api.bodies import BODIES
 from app.api.deps import AppState, DocumentsAccessMiddleware
 from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
@@ -37,7 +39,7 @@ from app.registry import (
     load_models,
     model_directories,
 )
-from app.schemas import ManyReadingsIn, Problem, ReadingsIn
+from app.schemas import Problem
 from app.settings import Settings
 from app.storage import migrations
 from app.storage.artifact_store import ArtifactStore
@@ -46,7 +48,7 @@ from app.storage.repositories import incidents as incident_repo
 from app.storage.repositories import streams as stream_repo
 from app.storage.repositories.alarms import Applied
 from app.streams.learning import Learner
-from app.streams.live import LiveStreams
+from app.streams.live import LiveStreams, Restoring
 from app.streams.stale import StaleWatch
 from app.web import pages
 
@@ -125,8 +127,6 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         # resumed stream may start a fit (a job) at once.
         runner = JobRunner(engine.database, settings)
         runner.start()
-        if settings.bus_url is None:  # on the bus, the workers hold the streams
-            resume_streams(engine.database, engine.streams, metrics)
     except BaseException:
         engine.database.dispose()
         raise
@@ -177,13 +177,14 @@ def resume_streams(
     streams: LiveStreams,
     metrics: Metrics,
     only: Callable[[str], bool] | None = None,
+    progress: Restoring | None = None,
 ) -> None:
     """Restore every stream (`only` those it accepts: a bus worker's partition) from its
     checkpoint and the readings after it, so its metric series (alarm counters included)
     exist from the first scrape after a restart, an alarm raised then is seen as an increase,
-    and a stream silent since is seen to be."""
+    and a stream silent since is seen to be. `progress` follows it."""
     started = time.monotonic()
-    for stream_id, problem in streams.restore_all(only):
+    for stream_id, problem in streams.restore_all(only, progress):
         log.warning("stream %s cannot resume: %s", stream_id, problem)
     resumed = 0
     for live in streams.live_streams():
@@ -204,6 +205,26 @@ def resume_streams(
             if only is None or only(stream_id):
                 metrics.set_open_incidents(stream_id, count)
     log.info("%d streams resumed in %.1f s", resumed, time.monotonic() - started)
+
+
+def resume_behind(state: AppState) -> threading.Thread:
+    """The streams restored in a thread of their own, so that the port opens at once: a
+    request for a stream not restored yet restores that stream first."""
+
+    def run() -> None:
+        try:
+            with state.database.outage.background("restoring the streams"):
+                resume_streams(
+                    state.database, state.streams, state.metrics, progress=state.restoring
+                )
+        except Exception:
+            log.exception("restoring the streams failed; each is restored when it is asked for")
+        finally:
+            state.restoring.finished = True
+
+    thread = threading.Thread(target=run, name="twinwatch-restore", daemon=True)
+    thread.start()
+    return thread
 
 
 def create_app(
@@ -231,6 +252,11 @@ def create_app(
                 lease_s=settings.bus_lease_s,
                 replicas=settings.bus_replicas,
             )
+        restore = None
+        if state.bus is None:
+            restore = resume_behind(state)
+        else:  # (on the bus, the workers hold the streams)
+            state.restoring.finished = True
         watch = None
         if settings.stale_periods > 0 and state.bus is None:
             watch = StaleWatch(
@@ -247,6 +273,9 @@ def create_app(
         finally:
             if watch is not None:
                 await anyio.to_thread.run_sync(watch.stop)
+            if restore is not None:
+                state.restoring.stop.set()
+                await anyio.to_thread.run_sync(restore.join)
             if state.bus is not None:
                 await state.bus.close()
             try:
@@ -270,7 +299,7 @@ def create_app(
     readers = settings.read_tokens()
     document_schemas(
         app,
-        [Problem, ReadingsIn, ManyReadingsIn],
+        [Problem, *BODIES],
         writes_protected=settings.api_token is not None,
         reads_protected=readers is not None,
     )

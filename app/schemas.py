@@ -35,17 +35,27 @@ MAX_CHANNELS = 128
 
 StreamId = Annotated[str, StringConstraints(pattern=STREAM_ID_PATTERN)]
 ModelName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
-FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-"""A reading's number: a JSON number, never a string or true/false coerced into one."""
-PositiveSeconds = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+"""Every number a body gives (a reading, a threshold, a period): a finite JSON number, never a
+string or true/false coerced into one."""
+Count = Annotated[int, Field(strict=True)]
+"""Every count a body gives: a JSON integer, never a string, a boolean or 2.0."""
+Flag = Annotated[bool, Field(strict=True)]
+"""Every yes-or-no a body gives: true or false, never "yes", "1" or 1."""
+PositiveSeconds = Annotated[Number, Field(gt=0)]
 SHORTEST_PERIOD_S, LONGEST_PERIOD_S = 0.001, 86_400.0
-SamplePeriod = Annotated[
-    float, Field(ge=SHORTEST_PERIOD_S, le=LONGEST_PERIOD_S, allow_inf_nan=False)
-]
+SamplePeriod = Annotated[Number, Field(ge=SHORTEST_PERIOD_S, le=LONGEST_PERIOD_S)]
+HIGHEST_THRESHOLD = 1e9
+"""A threshold no statistic reaches in practice (a billion times a learned threshold, or a
+billion units of a residual): a higher one is a detector switched off in disguise; say
+`"enabled": false` instead."""
 LATEST_EPOCH_S = 2e10
 """The latest time a number may give (seconds since the epoch: the year 2603). Larger numbers
 look like milliseconds, which are refused rather than guessed."""
+EARLIEST_READING_S = 631_152_000.0
+"""The earliest time a reading may carry (1990-01-01 UTC). Earlier ones are nearly always
+seconds since a recording started rather than since 1970 (t = 0, 0.1, ...), refused rather than
+stored as readings of 1970."""
 
 
 def _known_channel(name: str) -> str:
@@ -137,12 +147,14 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
 class DetectorOverride(_Body):
     """Per-stream changes to a detector's calibrated configuration."""
 
-    enabled: bool = True
-    threshold: FiniteFloat | None = Field(
+    enabled: Flag = True
+    threshold: Number | None = Field(
         None,
         gt=0,
+        le=HIGHEST_THRESHOLD,
         description="Replaces the calibrated threshold (positive: every statistic is a size; "
-        "for `missing`, below 1: its statistic is 1 for a missing reading). A learning "
+        "at most 1e9; for `missing`, below 1: its statistic is 1 for a missing reading). A "
+        "learning "
         "stream's statistics are multiples of its learned thresholds: 1.5 alarms at one and a "
         "half times them.",
     )
@@ -153,7 +165,7 @@ class LearningConfig(_Body):
     """How long a stream of model "auto" learns before it monitors: a number of readings or a
     duration (whichever is given; neither: 1,000 readings)."""
 
-    readings: int | None = Field(
+    readings: Count | None = Field(
         None, ge=100, le=10_000_000, description="Learn from this many first readings."
     )
     duration_s: PositiveSeconds | None = Field(
@@ -216,11 +228,10 @@ class StreamConfig(_Body):
     learning: LearningConfig | None = Field(
         None, description='Model "auto" only: how long the stream learns (1,000 readings).'
     )
-    false_alarms_per_day: float = Field(
+    false_alarms_per_day: Number = Field(
         1.0,
         gt=0,
         le=10_000,
-        allow_inf_nan=False,
         description='Model "auto" only: the false alarms a day its thresholds allow.',
     )
     sample_period_s: SamplePeriod | None = Field(
@@ -228,7 +239,7 @@ class StreamConfig(_Body):
         description="Nominal time between readings, 1 ms to 1 day: 0.1 s for a named model "
         "when omitted; a learning stream infers it (the median step of its learning readings).",
     )
-    has_reference: bool = Field(
+    has_reference: Flag = Field(
         False, description="Readings carry a redundant healthy sensor's value as `reference`."
     )
     detectors: dict[DetectorName, DetectorOverride] = Field(default_factory=dict)
@@ -242,6 +253,43 @@ class StreamConfig(_Body):
                 "missing reading, 0 otherwise): it would never alarm"
             )
         return self
+
+
+MAX_STREAMS_A_REQUEST = 100_000
+
+
+class StreamConfigItem(StreamConfig):
+    """One stream of `PUT /v1/streams`: its id and its configuration, as its own PUT takes."""
+
+    id: StreamId = Field(description="The stream's id.")
+
+
+class StreamsConfig(_Body):
+    """The body of `PUT /v1/streams`: many streams created or reconfigured at once."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "streams": [
+                        {"id": "pump-1", "model": "auto"},
+                        {"id": "pump-2", "model": "auto", "channels": ["flow", "pressure"]},
+                    ]
+                }
+            ]
+        }
+    )
+
+    streams: list[StreamConfigItem] = Field(
+        min_length=1,
+        max_length=MAX_STREAMS_A_REQUEST,
+        description=f"Each stream at most once; at most {MAX_STREAMS_A_REQUEST:,} a request.",
+    )
+
+
+class StreamsConfigured(BaseModel):
+    created: list[str] = Field(description="The streams this request created.")
+    updated: list[str] = Field(description="The streams whose configuration it replaced.")
 
 
 class AlarmOut(BaseModel):
@@ -553,12 +601,24 @@ ReadingTime = Annotated[
 ]
 
 
+def _not_before_1990(moment: datetime) -> datetime:
+    if moment.timestamp() < EARLIEST_READING_S:
+        raise ValueError(
+            f"a reading's time is 1990 or later; {moment.isoformat()} looks like time since a "
+            "recording started: add the recording's start (seconds since the Unix epoch)"
+        )
+    return moment
+
+
+SensorTime = Annotated[ReadingTime, AfterValidator(_not_before_1990)]
+
+
 class ReadingIn(_Body):
     """One reading. `t`: RFC 3339 with a time zone, or seconds since the Unix epoch."""
 
-    t: ReadingTime = Field(
+    t: SensorTime = Field(
         description="When the sensor read the value: an RFC 3339 time with its offset, or "
-        "seconds since the Unix epoch (UTC).",
+        "seconds since the Unix epoch (UTC); 1990 or later.",
         examples=["2026-01-01T00:00:00.1Z", 1767225600.1],
     )
     value: Number | None = Field(
@@ -833,7 +893,7 @@ class ModelChoice(_Body):
         max_length=133,
         description="The model's name (a stream's learned models: `auto.<stream id>`).",
     )
-    version: int = Field(ge=1, le=2**31 - 1, strict=True, description="One of its versions.")
+    version: Count = Field(ge=1, le=2**31 - 1, description="One of its versions.")
 
 
 class Health(BaseModel):
@@ -878,14 +938,14 @@ class JobIn(_Body):
     until: ReadingTime | None = Field(
         None, description="The period's end, excluded (default: after the last)."
     )
-    false_alarms_per_day: float | None = Field(
+    false_alarms_per_day: Number | None = Field(
         None,
         gt=0,
         le=10_000,
         description="The false alarms a day the thresholds allow (default: a learned "
         "stream's own budget, 1 for a trained model).",
     )
-    epochs: int | None = Field(
+    epochs: Count | None = Field(
         None,
         ge=1,
         le=1000,

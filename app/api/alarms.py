@@ -6,6 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query
 
+from app.api.bodies import AcknowledgeBody, json_body_openapi
 from app.api.deps import ReadAccess, SessionDep, SingleQueryValues, WriteAccess, utcnow
 from app.api.queries import (
     CursorQuery,
@@ -80,6 +81,9 @@ def get_alarm(alarm_id: AlarmIdPath, session: SessionDep) -> AlarmOut:
     dependencies=[WriteAccess],
     summary="Acknowledge an alarm (idempotent: the first acknowledgement is kept)",
     operation_id="acknowledgeAlarm",
+    openapi_extra=json_body_openapi(AcknowledgeIn),
 )
-def acknowledge_alarm(alarm_id: AlarmIdPath, body: AcknowledgeIn, session: SessionDep) -> AlarmOut:
+def acknowledge_alarm(
+    alarm_id: AlarmIdPath, body: AcknowledgeBody, session: SessionDep
+) -> AlarmOut:
     return AlarmOut.of(alarm_repo.acknowledge(session, alarm_id, by=body.by, now=utcnow()))

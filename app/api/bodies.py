@@ -1,4 +1,5 @@
-"""Request bodies validated by pydantic-core straight from their bytes.
+"""Request bodies validated by pydantic-core straight from their bytes: every body the API takes,
+so that each is parsed by one rule (malformed or too deeply nested JSON is one problem type).
 
 FastAPI parses a JSON body with `json.loads` and then validates the Python objects: for a
 gateway's tick of 500 streams that is twice the work, and thousands of short-lived objects for
@@ -10,12 +11,22 @@ body, which FastAPI no longer sees, and `app.api.openapi.document_schemas` adds 
 from __future__ import annotations
 
 from email.message import Message
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.constants import REF_TEMPLATE
 from pydantic import BaseModel, ValidationError
+
+from app.schemas import (
+    AcknowledgeIn,
+    JobIn,
+    ManyReadingsIn,
+    ModelChoice,
+    ReadingsIn,
+    StreamConfig,
+    StreamsConfig,
+)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -57,3 +68,23 @@ def json_body_openapi(model: type[BaseModel]) -> dict[str, Any]:
     """The `openapi_extra` of a route whose body is `json_body(model)`."""
     schema = {"$ref": REF_TEMPLATE.format(model=model.__name__)}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+BODIES: list[type[BaseModel]] = [
+    ReadingsIn,
+    ManyReadingsIn,
+    StreamConfig,
+    StreamsConfig,
+    JobIn,
+    ModelChoice,
+    AcknowledgeIn,
+]
+"""The bodies the routes take (their schemas are added to the OpenAPI document)."""
+
+ReadingsBody = Annotated[ReadingsIn, json_body(ReadingsIn)]
+ManyReadingsBody = Annotated[ManyReadingsIn, json_body(ManyReadingsIn)]
+StreamConfigBody = Annotated[StreamConfig, json_body(StreamConfig)]
+StreamsConfigBody = Annotated[StreamsConfig, json_body(StreamsConfig)]
+JobBody = Annotated[JobIn, json_body(JobIn)]
+ModelChoiceBody = Annotated[ModelChoice, json_body(ModelChoice)]
+AcknowledgeBody = Annotated[AcknowledgeIn, json_body(AcknowledgeIn)]

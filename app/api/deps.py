@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import unquote
@@ -31,7 +31,7 @@ from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
 from app.storage.repositories import model_versions as version_repo
 from app.streams.learning import Learner
-from app.streams.live import LiveStreams, Target
+from app.streams.live import LiveStreams, Restoring, Target
 
 
 @dataclass
@@ -49,6 +49,7 @@ class AppState:
     jobs: JobRunner
     started_at: datetime
     bus: Bus | None = None  # with TWINWATCH_BUS_URL: readings go to the workers through it
+    restoring: Restoring = field(default_factory=Restoring)  # the streams' restore at start-up
 
     def model_version(self, session: Session, name: str, version: int) -> RegisteredModel:
         """A version of a model, loaded (from the artifact store the first time). NotFoundError

@@ -56,6 +56,8 @@ async def readyz(state: StateDep) -> Ready:
     except TimeoutError:
         checks["database"] = f"no answer within {PING_LIMIT_S:g} s"
         failing.append(f"database: {checks['database']}")
+    if state.bus is None:  # (serving already: a stream asked for is restored first)
+        checks["streams"] = state.restoring.describe()
     default = state.settings.default_model
     if default in state.registry or default == AUTO:
         checks["models"] = f"{len(state.registry)} loaded"

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path
 
+from app.api.bodies import AcknowledgeBody, json_body_openapi
 from app.api.deps import ReadAccess, SessionDep, SingleQueryValues, WriteAccess, utcnow
 from app.api.queries import (
     CursorQuery,
@@ -82,9 +83,10 @@ def get_incident(incident_id: IncidentIdPath, session: SessionDep) -> IncidentOu
     dependencies=[WriteAccess],
     summary="Acknowledge an incident and its alarms (idempotent: the first is kept)",
     operation_id="acknowledgeIncident",
+    openapi_extra=json_body_openapi(AcknowledgeIn),
 )
 def acknowledge_incident(
-    incident_id: IncidentIdPath, body: AcknowledgeIn, session: SessionDep
+    incident_id: IncidentIdPath, body: AcknowledgeBody, session: SessionDep
 ) -> IncidentOut:
     incident = incident_repo.acknowledge(session, incident_id, by=body.by, now=utcnow())
     return IncidentOut.of(incident, incident_repo.alarms_of(session, [incident.id])[incident.id])

@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
 
+from app.api.bodies import JobBody, json_body_openapi
 from app.api.deps import ReadAccess, SessionDep, SingleQueryValues, StateDep, WriteAccess, utcnow
 from app.api.queries import LimitQuery, StreamQuery
 from app.errors import ConflictError, DataError
@@ -34,10 +35,11 @@ JobCursor = Annotated[
     dependencies=[WriteAccess],
     summary="Retrain or recalibrate the stream's model on its stored readings",
     operation_id="createJob",
+    openapi_extra=json_body_openapi(JobIn),
 )
 def create_job(
     stream_id: StreamIdPath,
-    body: JobIn,
+    body: JobBody,
     session: SessionDep,
     state: StateDep,
     response: Response,

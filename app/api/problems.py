@@ -14,8 +14,6 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from starlette.routing import Match
@@ -31,7 +29,7 @@ from app.errors import (
 )
 from app.logs import REQUEST_ID_HEADER, current_request_id
 from app.schemas import PROBLEM_MEDIA_TYPE
-from app.storage.db import DatabaseError
+from app.storage.db import UNAVAILABLE, DatabaseError
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +214,7 @@ def install_problem_handlers(app: FastAPI) -> None:
     app.add_exception_handler(AppError, app_error_handler)
     app.add_exception_handler(RequestValidationError, validation_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)
-    for outage in (OperationalError, InterfaceError, SQLAlchemyTimeoutError):
+    for outage in UNAVAILABLE:
         app.add_exception_handler(outage, database_error_handler)
     app.add_exception_handler(ClientDisconnect, client_gone_handler)
     app.add_exception_handler(Exception, unexpected_error_handler)

@@ -10,7 +10,7 @@ import json
 import math
 import time
 from functools import partial
-from typing import Annotated, Any
+from typing import Any
 
 import anyio.from_thread
 import numpy as np
@@ -18,7 +18,7 @@ from fastapi import APIRouter, Query, Response
 from pydantic_core import to_json
 from sqlalchemy.orm import Session
 
-from app.api.bodies import json_body, json_body_openapi
+from app.api.bodies import ManyReadingsBody, ReadingsBody, json_body_openapi
 from app.api.deps import AppState, ReadAccess, SessionDep, SingleQueryValues, StateDep, WriteAccess
 from app.api.queries import TakenSinceQuery, TakenUntilQuery
 from app.api.streams import StreamIdPath
@@ -59,9 +59,6 @@ router = APIRouter(prefix="/v1", tags=["readings"], dependencies=[ReadAccess, Si
 def _number(value: float) -> float | None:
     return None if math.isnan(value) else float(value)
 
-
-ReadingsBody = Annotated[ReadingsIn, json_body(ReadingsIn)]
-ManyReadingsBody = Annotated[ManyReadingsIn, json_body(ManyReadingsIn)]
 
 WaitQuery = Query(
     True,

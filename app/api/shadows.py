@@ -8,6 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response, status
 from sqlalchemy.orm import Session
 
+from app.api.bodies import ModelChoiceBody, json_body_openapi
 from app.api.deps import (
     AppState,
     ReadAccess,
@@ -44,9 +45,10 @@ DETECTIONS_SHOWN = 100
     dependencies=[WriteAccess],
     summary="Shadow the stream with a candidate version from its next reading on",
     operation_id="putShadow",
+    openapi_extra=json_body_openapi(ModelChoice),
 )
 def put_shadow(
-    stream_id: StreamIdPath, choice: ModelChoice, session: SessionDep, state: StateDep
+    stream_id: StreamIdPath, choice: ModelChoiceBody, session: SessionDep, state: StateDep
 ) -> ShadowOut:
     """The candidate sees the stream's readings from its next one on and raises nothing; `GET`
     compares it with what the stream runs. A stream has one shadow at most: this replaces it."""

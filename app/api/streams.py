@@ -7,14 +7,19 @@ Readings and forecasts (`POST .../readings`, `GET .../forecast`) live in `app/ap
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
+from functools import partial
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Response, status
 from pydantic_core import to_json
 from sqlalchemy.orm import Session
 
+from app.api.bodies import ModelChoiceBody, StreamConfigBody, StreamsConfigBody, json_body_openapi
 from app.api.changes import Handler, answered, forward
 from app.api.deps import (
     AppState,
@@ -30,6 +35,7 @@ from app.bus.messages import Answer
 from app.errors import AppError, ConflictError, DataError
 from app.learning.learn import LearnedModel
 from app.learning.thresholds import LEARNED_DETECTORS
+from app.monitoring.monitor import MISSING_READINGS
 from app.registry import AUTO
 from app.schemas import (
     STREAM_ID_PATTERN,
@@ -43,6 +49,8 @@ from app.schemas import (
     StreamList,
     StreamLive,
     StreamOut,
+    StreamsConfig,
+    StreamsConfigured,
     problem_responses,
 )
 from app.storage.models import Alarm, Stream
@@ -83,35 +91,24 @@ def _identity(stream: Stream) -> tuple[str, list[str], bool]:
     return stream.model_name, list(stream.channels), stream.has_reference
 
 
-@router.put(
-    "/{stream_id}",
-    response_model=StreamOut,
-    status_code=status.HTTP_200_OK,
-    responses={201: {"model": StreamOut}, **problem_responses(400, 401, 409, 413, 422)},
-    dependencies=[WriteAccess],
-    summary="Create or update a stream",
-    operation_id="putStream",
-)
-def put_stream(
-    stream_id: StreamIdPath,
-    config: StreamConfig,
-    session: SessionDep,
-    state: StateDep,
-    response: Response,
-) -> StreamOut | Response:
-    """Create the stream (201) or replace its configuration (200).
+@dataclass(frozen=True)
+class _Plan:
+    """A stream's configuration as it is stored, with the detectors it gets: what a PUT
+    checks before it touches the database."""
 
-    The model, the channels and `has_reference` shape the stream's state and stored readings:
-    once it has accepted readings they cannot change (409); delete and re-create it instead.
-    Detector overrides and the sample period can change at any time; so can a learning stream's
-    learning period and budget until it has learned (a change restarts a fit in progress).
-    """
-    if state.bus is not None and stream_repo.get(session, stream_id) is not None:
-        # The model named as this process names it: its default may not be the worker's.
-        named = config.model_dump(mode="json", exclude_unset=True)
-        named["model"] = config.model or state.settings.default_model
-        session.rollback()  # (it wrote nothing: its connection is not held while it waits)
-        return forward(state, "configure", stream_id, to_json(named))
+    model_name: str
+    channels: list[str]
+    sample_period_s: float | None
+    has_reference: bool
+    overrides: dict[str, Any]
+    learning: dict[str, Any] | None
+    false_alarms_per_day: float
+    kinds: tuple[str, ...]
+    thresholds: dict[str, float]
+
+
+def _plan(state: AppState, config: StreamConfig) -> _Plan:
+    """The stream `config` asks for, or a DataError saying why there can be none."""
     model_name = config.model or state.settings.default_model
     overrides = _detector_overrides(config)
     learning = None
@@ -126,8 +123,9 @@ def put_stream(
             raise DataError("every detector is disabled: the stream would never alarm")
         channels = list(config.channels) if config.channels is not None else ["value"]
         learning = (config.learning or LearningConfig()).as_json()
-        kinds: tuple[str, ...] = ()
-        thresholds: dict[str, float] = {}
+        # While it learns, a stream watches for missing readings only.
+        kinds: tuple[str, ...] = (MISSING_READINGS.kind,)
+        thresholds: dict[str, float] = {MISSING_READINGS.kind: MISSING_READINGS.threshold}
         period = config.sample_period_s
     else:
         if config.learning is not None or "false_alarms_per_day" in config.model_fields_set:
@@ -147,51 +145,100 @@ def put_stream(
         recurrence = state.streams.recurrence_for(model, overrides)  # refuses an unusable one
         kinds, thresholds = tuple(recurrence.monitor.kinds), recurrence.monitor.thresholds
         period = config.sample_period_s if config.sample_period_s is not None else 0.1
-    now = utcnow()
+    return _Plan(
+        model_name=model_name,
+        channels=channels,
+        sample_period_s=period,
+        has_reference=config.has_reference,
+        overrides=overrides,
+        learning=learning,
+        false_alarms_per_day=config.false_alarms_per_day,
+        kinds=kinds,
+        thresholds=thresholds,
+    )
+
+
+def _row(stream_id: str, plan: _Plan) -> stream_repo.NewStream:
+    return stream_repo.NewStream(
+        stream_id=stream_id,
+        model_name=plan.model_name,
+        channels=plan.channels,
+        sample_period_s=plan.sample_period_s,
+        has_reference=plan.has_reference,
+        detector_overrides=plan.overrides,
+        learning=plan.learning,
+        false_alarms_per_day=plan.false_alarms_per_day,
+    )
+
+
+def _update(
+    state: AppState, session: Session, stream: Stream, plan: _Plan, now: datetime
+) -> Stream:
+    """The stream reconfigured: what its readings depend on may change only while it has none."""
+    accepted = reading_repo.any_for(session, stream_id=stream.id)
+    if accepted and _identity(stream) != (plan.model_name, plan.channels, plan.has_reference):
+        raise ConflictError(
+            f"stream {stream.id!r} has accepted readings: its model, channels and "
+            "has_reference cannot change; delete and re-create it",
+            stream=stream.id,
+        )
+    state.streams.reconfigure(session, stream.id)
+    if plan.learning is not None:
+        failed = learned_repo.get(session, stream.id)
+        if failed is not None and failed.model is None:
+            learned_repo.delete(session, stream.id)  # a failed fit: try again
+    return stream_repo.update(
+        session,
+        stream,
+        model_name=plan.model_name,
+        channels=plan.channels,
+        sample_period_s=plan.sample_period_s,
+        has_reference=plan.has_reference,
+        detector_overrides=plan.overrides,
+        now=now,
+        learning=plan.learning,
+        false_alarms_per_day=plan.false_alarms_per_day,
+    )
+
+
+@router.put(
+    "/{stream_id}",
+    response_model=StreamOut,
+    status_code=status.HTTP_200_OK,
+    responses={201: {"model": StreamOut}, **problem_responses(400, 401, 409, 413, 422)},
+    dependencies=[WriteAccess],
+    summary="Create or update a stream",
+    operation_id="putStream",
+    openapi_extra=json_body_openapi(StreamConfig),
+)
+def put_stream(
+    stream_id: StreamIdPath,
+    config: StreamConfigBody,
+    session: SessionDep,
+    state: StateDep,
+    response: Response,
+) -> StreamOut | Response:
+    """Create the stream (201) or replace its configuration (200).
+
+    The model, the channels and `has_reference` shape the stream's state and stored readings:
+    once it has accepted readings they cannot change (409); delete and re-create it instead.
+    Detector overrides and the sample period can change at any time; so can a learning stream's
+    learning period and budget until it has learned (a change restarts a fit in progress).
+    """
+    if state.bus is not None and stream_repo.get(session, stream_id) is not None:
+        # The model named as this process names it: its default may not be the worker's.
+        named = config.model_dump(mode="json", exclude_unset=True)
+        named["model"] = config.model or state.settings.default_model
+        session.rollback()  # (it wrote nothing: its connection is not held while it waits)
+        return forward(state, "configure", stream_id, to_json(named))
+    plan = _plan(state, config)
     stream = stream_repo.get(session, stream_id, for_update=True)
     if stream is None:
-        stream = stream_repo.create(
-            session,
-            stream_id=stream_id,
-            model_name=model_name,
-            channels=channels,
-            sample_period_s=period,
-            has_reference=config.has_reference,
-            detector_overrides=overrides,
-            now=now,
-            learning=learning,
-            false_alarms_per_day=config.false_alarms_per_day,
-        )
+        stream = stream_repo.create(session, _row(stream_id, plan), now=utcnow())
         response.status_code = status.HTTP_201_CREATED
     else:
-        accepted = reading_repo.any_for(session, stream_id=stream_id)
-        if accepted and _identity(stream) != (
-            model_name,
-            channels,
-            config.has_reference,
-        ):
-            raise ConflictError(
-                f"stream {stream_id!r} has accepted readings: its model, channels and "
-                "has_reference cannot change; delete and re-create it",
-                stream=stream_id,
-            )
-        state.streams.reconfigure(session, stream_id)
-        if learning is not None:
-            failed = learned_repo.get(session, stream_id)
-            if failed is not None and failed.model is None:
-                learned_repo.delete(session, stream_id)  # a failed fit: try again
-        stream = stream_repo.update(
-            session,
-            stream,
-            model_name=model_name,
-            channels=channels,
-            sample_period_s=period,
-            has_reference=config.has_reference,
-            detector_overrides=overrides,
-            now=now,
-            learning=learning,
-            false_alarms_per_day=config.false_alarms_per_day,
-        )
+        stream = _update(state, session, stream, plan, utcnow())
+    model_name, kinds, thresholds = plan.model_name, plan.kinds, plan.thresholds
     answer = described(state, session, stream)
     if answer.live is not None:
         kinds = tuple(answer.live.detectors)
@@ -202,6 +249,62 @@ def put_stream(
         live = state.streams.read(session, stream)
         state.streams.on_end(session, commit=lambda: state.streams.learn_if_due(live))
     return answer
+
+
+@router.put(
+    "",
+    response_model=StreamsConfigured,
+    responses=problem_responses(400, 401, 404, 409, 413, 422),
+    dependencies=[WriteAccess],
+    summary="Create or update many streams at once",
+    operation_id="putStreams",
+    openapi_extra=json_body_openapi(StreamsConfig),
+)
+def put_streams(body: StreamsConfigBody, session: SessionDep, state: StateDep) -> StreamsConfigured:
+    """Onboard a fleet: every stream of the body is created, or its configuration replaced, by
+    the rules of its own PUT, all or nothing (a problem names the stream it is about). On the
+    bus, this creates streams only: reconfigure existing ones one at a time."""
+    ids = [item.id for item in body.streams]
+    twice = sorted({stream_id for stream_id, n in Counter(ids).items() if n > 1})
+    if twice:
+        raise DataError(f"stream(s) given more than once: {', '.join(twice[:10])}")
+    plans = {}
+    for item in body.streams:
+        with _naming_the_stream(item.id):
+            plans[item.id] = _plan(state, item)
+    existing = {stream.id: stream for stream in stream_repo.get_many(session, ids, for_update=True)}
+    if existing and state.bus is not None:
+        raise ConflictError(
+            f"{len(existing)} of the streams exist already (first: {min(existing)!r}): on the "
+            "bus, reconfigure each with its own PUT"
+        )
+    now = utcnow()
+    for stream_id, stream in existing.items():
+        with _naming_the_stream(stream_id):
+            _update(state, session, stream, plans[stream_id], now)
+    created = [stream_id for stream_id in ids if stream_id not in existing]
+    stream_repo.create_many(
+        session, [_row(stream_id, plans[stream_id]) for stream_id in created], now=now
+    )
+    if not state.streams.follower:  # (on the bus, the series are its worker's to export)
+        for stream_id in ids:
+            plan = plans[stream_id]
+            state.metrics.track_stream(stream_id, plan.kinds, plan.thresholds)
+    for stream in existing.values():
+        if stream.model_name == AUTO:  # a shorter learning period may be over already
+            live = state.streams.read(session, stream)
+            state.streams.on_end(session, commit=partial(state.streams.learn_if_due, live))
+    return StreamsConfigured(created=created, updated=list(existing))
+
+
+@contextmanager
+def _naming_the_stream(stream_id: str) -> Iterator[None]:
+    """A problem with one stream of many says which."""
+    try:
+        yield
+    except AppError as exc:
+        extra = {**exc.extra, "stream": stream_id}
+        raise type(exc)(f"stream {stream_id!r}: {exc.detail}", **extra) from None
 
 
 def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[str, Any]:
@@ -350,9 +453,10 @@ def get_stream(stream_id: StreamIdPath, session: SessionDep, state: StateDep) ->
     dependencies=[WriteAccess],
     summary="Run a model version on the stream: promote a candidate, or roll back",
     operation_id="switchStreamModel",
+    openapi_extra=json_body_openapi(ModelChoice),
 )
 def switch_model(
-    stream_id: StreamIdPath, choice: ModelChoice, session: SessionDep, state: StateDep
+    stream_id: StreamIdPath, choice: ModelChoiceBody, session: SessionDep, state: StateDep
 ) -> StreamOut | Response:
     """From its next reading on, the stream runs the version named (of its model, or of
     another with as many channels). Readings are never lost, skipped or processed twice: the

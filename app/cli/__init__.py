@@ -84,6 +84,7 @@ def _streams() -> typer.Typer:
 
     group = _group("streams", STREAMS)
     group.command("list")(operate.streams_list_command)
+    group.command("apply")(operate.streams_apply_command)
     return group
 
 

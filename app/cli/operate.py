@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import sys
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from rich.table import Table
 
 from app.cli.models import DEFAULT_URL, UrlOption, call, part
 from app.errors import AppError, DataError
-from app.schemas import LATEST_EPOCH_S
+from app.schemas import EARLIEST_READING_S, LATEST_EPOCH_S, MAX_STREAMS_A_REQUEST
 
 console = Console()
 LABEL_COLUMNS = frozenset({"anomaly", "changepoint"})
@@ -206,6 +207,11 @@ def _seconds(moment: str, line: int | None = None) -> float:
             f"{where}{moment!r} is not a time: seconds since the epoch run from 0 to "
             f"{LATEST_EPOCH_S:.0e} (milliseconds? divide by 1,000)"
         )
+    if seconds < EARLIEST_READING_S:
+        raise DataError(
+            f"{where}{moment!r} is before 1990: times since a recording started? give them "
+            "as epoch seconds or ISO 8601 times"
+        )
     return seconds
 
 
@@ -260,6 +266,77 @@ def streams_list_command(url: UrlOption = DEFAULT_URL, limit: LimitOption = 1000
             ", ".join(alarm["detector"] for alarm in stream.get("open_alarms", [])) or "-",
         )
     console.print(table)
+
+
+def streams_apply_command(
+    source: Annotated[
+        str,
+        typer.Argument(
+            help='A JSON file of streams (a list, or {"streams": [...]}, each an "id" and '
+            "what its PUT takes), a CSV with an id column (and model, channels separated by "
+            "spaces, sample_period_s, has_reference), or - for standard input (JSON)."
+        ),
+    ],
+    url: UrlOption = DEFAULT_URL,
+) -> None:
+    """Create or update many streams at once (a fleet's onboarding): each checked as its own
+    PUT checks it, all or nothing, in one request."""
+    text = sys.stdin.read() if source == "-" else _text(Path(source))
+    streams = _fleet_csv(text) if source.lower().endswith(".csv") else _fleet_json(text)
+    if not streams:
+        raise DataError(f"{source}: no streams")
+    if len(streams) > MAX_STREAMS_A_REQUEST:
+        raise DataError(
+            f"{source}: {len(streams):,} streams; at most {MAX_STREAMS_A_REQUEST:,} at once "
+            "(split the file)"
+        )
+    done = call(url, "PUT", "/v1/streams", {"streams": streams})
+    console.print(f"{len(done['created']):,} created, {len(done['updated']):,} updated")
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DataError(f"cannot read {path}: {exc}") from None
+
+
+def _fleet_json(text: str) -> list[dict[str, Any]]:
+    try:
+        loaded = json.loads(text)
+    except ValueError as exc:
+        raise DataError(f"not JSON: {exc}") from None
+    streams = loaded.get("streams") if isinstance(loaded, dict) else loaded
+    if not isinstance(streams, list) or not all(isinstance(s, dict) for s in streams):
+        raise DataError('give a list of streams, or {"streams": [...]}, each a JSON object')
+    return streams
+
+
+def _fleet_csv(text: str) -> list[dict[str, Any]]:
+    rows = list(csv.DictReader(io.StringIO(text)))
+    columns = {"id", "model", "channels", "sample_period_s", "has_reference"}
+    unknown = sorted(set(rows[0]) - columns) if rows else []
+    if rows and ("id" not in rows[0] or unknown):
+        raise DataError(
+            f"a fleet's CSV has an id column and may have {', '.join(sorted(columns - {'id'}))}"
+            + (f"; not {', '.join(unknown)}" if unknown else "")
+        )
+    streams = []
+    for line, row in enumerate(rows, start=2):
+        stream: dict[str, Any] = {"id": row["id"]}
+        if row.get("model"):
+            stream["model"] = row["model"]
+        if row.get("channels"):
+            stream["channels"] = row["channels"].split()
+        if row.get("sample_period_s"):
+            stream["sample_period_s"] = _number(row["sample_period_s"], line, "sample_period_s")
+        if row.get("has_reference"):
+            flag = row["has_reference"].strip().lower()
+            if flag not in ("true", "false"):
+                raise DataError(f"line {line}: has_reference is true or false, not {flag!r}")
+            stream["has_reference"] = flag == "true"
+        streams.append(stream)
+    return streams
 
 
 StreamFilter = Annotated[str | None, typer.Option(help="Only this stream's.")]

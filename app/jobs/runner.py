@@ -68,8 +68,10 @@ class JobRunner:
 
     def _loop(self) -> None:
         while not self._stopping.is_set():
+            ran = False
             try:
-                ran = self._run_next()
+                with self.database.outage.background("the job runner"):
+                    ran = self._run_next()
             except Exception:
                 log.exception("the job runner failed; it goes on")
                 ran = False

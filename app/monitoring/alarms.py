@@ -20,6 +20,7 @@ blocks, and a block in which an idle rule sees no exceedance costs nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,11 +39,12 @@ class AlarmPolicy(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    k: int = Field(default=1, ge=1, le=MAX_ALARM_WINDOW)
-    n: int = Field(default=1, ge=1, le=MAX_ALARM_WINDOW)
-    m: int = Field(default=20, ge=1, le=MAX_ALARM_WINDOW)
+    k: int = Field(strict=True, default=1, ge=1, le=MAX_ALARM_WINDOW)
+    n: int = Field(strict=True, default=1, ge=1, le=MAX_ALARM_WINDOW)
+    m: int = Field(strict=True, default=20, ge=1, le=MAX_ALARM_WINDOW)
     clear: float = Field(
         default=1.0,
+        strict=True,
         gt=0,
         le=1,
         description="A reading of an open alarm counts as back inside only once its statistic "
@@ -136,9 +138,12 @@ class RuleState:
 
     @classmethod
     def from_json(cls, saved: Any, policy: AlarmPolicy, detector: str) -> RuleState:
+        return cls.parse(saved, detector).checked(policy, detector)
+
+    @classmethod
+    def parse(cls, saved: Any, detector: str) -> RuleState:
+        """What `to_json` wrote, not yet checked against a rule (`checked`)."""
         try:
-            seen = int(saved["seen"])
-            recent = [int(x) for x in saved["recent"]]
             raw = saved["open"]
             event = (
                 None
@@ -153,14 +158,19 @@ class RuleState:
                     else tuple(float(x) for x in raw["detail"]),
                 )
             )
+            return cls(int(saved["seen"]), [int(x) for x in saved["recent"]], event)
         except (KeyError, TypeError, ValueError) as exc:
             raise DataError(f"alarm state of {detector} is malformed: {exc!r}") from None
+
+    def checked(self, policy: AlarmPolicy, detector: str) -> RuleState:
+        """This state, if a rule of `policy` can continue from it (a DataError if not)."""
+        seen, recent, event = self.seen, self.recent, self.open
         consistent = seen >= 0 and all(seen - policy.n <= x < seen for x in recent)
         if event is not None:
-            consistent = consistent and 0 <= event.last < seen
+            consistent = consistent and 0 <= event.last < seen and math.isfinite(event.peak)
         if not consistent:
             raise DataError(f"alarm state of {detector} is inconsistent")
-        state = cls(seen, recent, event)
+        state = RuleState(seen, list(recent), event)
         if state.idle:
             state.seen = 0
         return state

@@ -125,6 +125,12 @@ class MissingConfig(_DetectorConfig):
     threshold: float = Field(default=0.5, gt=0, lt=1, allow_inf_nan=False)
 
 
+MISSING_READINGS = MissingConfig(alarm=AlarmPolicy(k=3, n=10, m=10))
+"""Readings that came without a number, on a stream whose model learned no rule of its own for
+them (a trained model; a stream still learning): 3 of the last 10 open an alarm, 10 complete
+readings in a row close it. It needs no calibration: every stream watches for them."""
+
+
 class MahalanobisConfig(_DetectorConfig):
     kind: Literal["mahalanobis"] = "mahalanobis"
     covariance: list[list[float]]
@@ -527,35 +533,43 @@ class Monitor:
     def state_from_json(self, saved: Mapping[str, Any]) -> MonitorState:
         """Resume a stream: the continuation is identical to never having stopped. A state of
         another configuration (other detectors, other windows) is refused with a DataError."""
-        if saved.get("version") == 1:
-            saved = self._upgrade(saved)
-        if saved.get("version") != STATE_VERSION:
-            raise DataError(f"monitor state version {saved.get('version')!r} is not supported")
+        saved = self.upgraded(saved)
         raw_values, raw_rules = saved.get("values"), saved.get("rules")
         if not isinstance(raw_values, list) or not isinstance(raw_rules, dict):
             raise DataError("monitor state needs 'values' and 'rules'")
-        if set(raw_rules) != set(self.kinds) or len(raw_values) != self.state_size:
-            raise DataError(
-                f"monitor state is for detectors {sorted(raw_rules)}, "
-                f"the configuration has {sorted(self.kinds)}"
-            )
         try:
             values = np.array(
                 [math.nan if x is None else float(x) for x in raw_values], dtype=np.float64
             )
         except (TypeError, ValueError):
             raise DataError("monitor state values must be numbers or null") from None
+        rules = {kind: RuleState.parse(raw, kind) for kind, raw in raw_rules.items()}
+        return self.state_from_parts(values, rules)
+
+    def state_from_parts(self, values: FloatArray, rules: Mapping[str, RuleState]) -> MonitorState:
+        """A stream's monitor from its detectors' floats and its rules' states, as saved;
+        refused with a DataError unless they are this configuration's."""
+        if set(rules) != set(self.kinds) or len(values) != self.state_size:
+            raise DataError(
+                f"monitor state is for detectors {sorted(rules)}, "
+                f"the configuration has {sorted(self.kinds)}"
+            )
         for detector, part in zip(self.detectors, self.slices, strict=True):
             size = detector.state_size
             for floats in values[part].reshape(-1, size) if size else []:
                 problem = detector.check_state(floats)
                 if problem is not None:
                     raise DataError(f"monitor state: {problem}")
-        rules = [
-            RuleState.from_json(raw_rules[rule.detector], rule.policy, rule.detector)
-            for rule in self.rules
-        ]
-        return MonitorState(values, rules, busy=not all(r.idle for r in rules))
+        checked = [rules[rule.detector].checked(rule.policy, rule.detector) for rule in self.rules]
+        return MonitorState(values, checked, busy=not all(r.idle for r in checked))
+
+    def upgraded(self, saved: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A saved monitor state in this release's JSON form (`state_to_json`)."""
+        if saved.get("version") == 1:
+            saved = self._upgrade(saved)
+        if saved.get("version") != STATE_VERSION:
+            raise DataError(f"monitor state version {saved.get('version')!r} is not supported")
+        return saved
 
     def _upgrade(self, saved: Mapping[str, Any]) -> dict[str, Any]:
         """A state written by twinwatch 0.1 (per-detector buffers of up to `window` inputs)."""

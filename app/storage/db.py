@@ -12,7 +12,8 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import ArgumentError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, InterfaceError, OperationalError, SQLAlchemyError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from sqlalchemy.orm import Session, sessionmaker
 
 from app.errors import AppError
@@ -69,6 +70,10 @@ def create_db_engine(url: str, *, sqlite_foreign_keys: bool = True) -> Engine:
     return engine
 
 
+UNAVAILABLE = (OperationalError, InterfaceError, SQLAlchemyTimeoutError)
+"""What the database raises when it cannot be reached or gives up: an outage, not a bug."""
+
+
 class Outage:
     """The database's outages as the log tells them: one line when one starts, one when it ends
     (how long, how many requests failed), nothing in between: a client retrying through an
@@ -94,6 +99,17 @@ class Outage:
                 type(exc).__name__,
                 reason,
             )
+
+    @contextmanager
+    def background(self, where: str) -> Iterator[None]:
+        """A background loop's work on the database: an outage it meets is the outage's one
+        line (`failed`), not a traceback each time it tries again; its success ends it."""
+        try:
+            yield
+        except UNAVAILABLE as exc:
+            self.failed(where, exc)
+        else:
+            self.answered()
 
     def answered(self) -> None:
         if self._since is None:  # the usual case, without the lock

@@ -38,9 +38,9 @@ from app.errors import AppError, DataError
 from app.forecasting.lagged import ChannelFit, LaggedLinear
 from app.learning.adapt import next_revision, revise
 from app.learning.learn import DEFAULT_LEARNING_READINGS, MIN_READINGS, LearnedModel, learn
-from app.monitoring.alarms import AlarmEvent, AlarmPolicy
+from app.monitoring.alarms import AlarmEvent
 from app.monitoring.incidents import alarm_spans
-from app.monitoring.monitor import MissingConfig, MonitorConfig
+from app.monitoring.monitor import MISSING_READINGS, MonitorConfig
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import jobs as job_repo
 from app.storage.repositories import learned as learned_repo
@@ -53,9 +53,6 @@ if TYPE_CHECKING:
     from app.streams.live import LiveStreams
 
 log = logging.getLogger(__name__)
-
-LEARNING_MISSING = AlarmPolicy(k=3, n=10, m=10)
-"""While learning: 3 of the last 10 readings missing (the learned model re-estimates it)."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +120,7 @@ def learning_recurrence(channels: int) -> Recurrence:
             nothing = ChannelFit("level", (), (), math.nan, 0.0, math.nan, math.nan)
             recurrence = _RECURRENCES[channels] = Recurrence(
                 LaggedLinear([nothing] * channels),
-                MonitorConfig(channels=channels, detectors=[MissingConfig(alarm=LEARNING_MISSING)]),
+                MonitorConfig(channels=channels, detectors=[MISSING_READINGS]),
                 max_gap=DEFAULT_MAX_GAP,
             )
         return recurrence

@@ -33,7 +33,7 @@ from app.errors import ArtifactError, ConflictError, DataError, NotFoundError
 from app.learning.adapt import next_revision
 from app.learning.learn import LearnedModel
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
-from app.monitoring.monitor import MonitorConfig
+from app.monitoring.monitor import MISSING_READINGS, MonitorConfig
 from app.registry import AUTO, ModelRegistry, RegisteredModel, learned_name
 from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
@@ -49,6 +49,7 @@ from app.storage.repositories import streams as stream_repo
 from app.streams.learning import Learning, LearningPlan, Replayed, learning_recurrence, replay
 from app.streams.recurrence import (
     DEFAULT_MAX_GAP,
+    READABLE_STATE_VERSIONS,
     STATE_VERSION,
     Readings,
     Recurrence,
@@ -68,14 +69,35 @@ its forecaster's context and its detectors' windows to be what they would have b
 RESTORED_TOGETHER = 1000
 """Streams restored from one set of queries (their rows, checkpoints and readings since)."""
 
+SAVED_TOGETHER = 1000
+"""Streams whose checkpoints a stop writes in one transaction (one statement each table)."""
+
 
 def monitor_config(model: RegisteredModel, overrides: dict[str, Any]) -> MonitorConfig:
-    """The model's calibrated detectors with a stream's overrides applied."""
+    """The model's calibrated detectors, and the missing-readings rule if its calibration made
+    none, with a stream's overrides applied. An override of a detector the model does not have
+    is refused (it would be accepted and never raise), unless it switches it off."""
     if not model.thresholds:
         raise ArtifactError(
             f"model {model.name!r} has no detector thresholds: run `twinwatch calibrate` on it"
         )
-    return with_overrides(MonitorConfig.from_manifest(model.manifest), overrides)
+    base = MonitorConfig.from_manifest(model.manifest)
+    kinds = [detector.kind for detector in base.detectors]
+    if MISSING_READINGS.kind not in kinds:
+        base = base.model_copy(update={"detectors": [*base.detectors, MISSING_READINGS]})
+        kinds.append(MISSING_READINGS.kind)
+    unknown = sorted(
+        kind
+        for kind, override in overrides.items()
+        if kind not in kinds and override != {"enabled": False}  # (off is what it is)
+    )
+    if unknown:
+        raise DataError(
+            f"model {model.name!r} has no detector {', '.join(unknown)}: its detectors are "
+            f"{', '.join(kinds)}",
+            model=model.name,
+        )
+    return with_overrides(base, overrides)
 
 
 def with_overrides(base: MonitorConfig, overrides: dict[str, Any]) -> MonitorConfig:
@@ -98,6 +120,26 @@ def with_overrides(base: MonitorConfig, overrides: dict[str, Any]) -> MonitorCon
 
 
 @dataclass
+class Restoring:
+    """How far the restore of every stream at start-up has come: it runs behind an open port,
+    and readiness says how far it is."""
+
+    total: int | None = None  # (not counted yet)
+    done: int = 0
+    finished: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def describe(self) -> str:
+        if self.finished and self.total is not None and self.done < self.total:
+            return f"{self.done:,} of {self.total:,} restored (the others when asked for)"
+        if self.finished:
+            return f"{self.done:,} restored"
+        if self.total is None:
+            return "restoring"
+        return f"restoring: {self.done:,} of {self.total:,} (a stream asked for is restored first)"
+
+
+@dataclass
 class LiveStream:
     """A stream as it is held between requests."""
 
@@ -110,6 +152,7 @@ class LiveStream:
     recurrence: Recurrence
     state: StreamState
     checkpoint_due: int  # write the next checkpoint once the stream has seen this many readings
+    saved_samples: int | None  # the readings its stored checkpoint has seen (None: it has none)
     # The peak of each alarm open after the last request, as its row holds it: a request that
     # moves none touches no alarm row.
     open_peaks: dict[str, float] = field(default_factory=dict)
@@ -288,7 +331,11 @@ class LiveStreams:
             for group in together.values():
                 _advance_together(group)
             for stream, kind, state, due, replayed in made:
-                live = self._live(session, stream, kind, state, due, stale_since.get(stream.id))
+                checkpoint = checkpoints.get(stream.id)
+                saved = None if checkpoint is None else checkpoint.sample_count
+                live = self._live(
+                    session, stream, kind, state, due, stale_since.get(stream.id), saved
+                )
                 restored[stream.id] = (live, replayed)
         return restored
 
@@ -305,9 +352,9 @@ class LiveStreams:
         if checkpoint is None:
             state = recurrence.new_state()
         else:
-            if checkpoint.state_version != STATE_VERSION:
+            if checkpoint.state_version not in READABLE_STATE_VERSIONS:
                 raise DataError(f"stream {stream.id!r} has a checkpoint of another version")
-            saved = json.loads(checkpoint.state)
+            saved = checkpoint.state
             last_time = None if checkpoint.last_t is None else reading_repo.micro(checkpoint.last_t)
             try:
                 state = recurrence.restore(saved, last_time)
@@ -335,6 +382,7 @@ class LiveStreams:
         state: StreamState,
         due: int,
         stale_since: int | None,
+        saved: int | None,
     ) -> LiveStream:
         recurrence = kind.recurrence
         live = LiveStream(
@@ -347,6 +395,7 @@ class LiveStreams:
             recurrence=recurrence,
             state=state,
             checkpoint_due=due,
+            saved_samples=saved,
             open_peaks={e.detector: e.peak for e in recurrence.monitor.open_events(state.monitor)},
             learning=kind.learning,
             learned=kind.learned,
@@ -703,6 +752,7 @@ class LiveStreams:
             recurrence=recurrence,
             state=state,
             checkpoint_due=self.next_checkpoint(stream_id, samples),
+            saved_samples=None,  # (written below)
         )
         self.checkpoint(session, switched, force=True)
         pending = _pending(session)
@@ -729,25 +779,13 @@ class LiveStreams:
 
     def checkpoint(self, session: Session, live: LiveStream, *, force: bool) -> bool:
         """Write the stream's state (and its row's reading count), unless `force` is False and
-        it is saved already. Call it holding the stream."""
+        it is saved already, then tidy the readings the checkpoint leaves behind (small rows
+        packed, old ones pruned). Call it holding the stream."""
         if self.follower:
             return False  # the workers own the streams' checkpoints
         state = live.state
-        if not force:
-            saved = checkpoint_repo.get(session, live.stream_id)
-            if saved is not None and saved.sample_count == state.samples:
-                return False
-        last_t = None if state.last_time is None else reading_repo.datetime_at(state.last_time)
-        checkpoint_repo.save(
-            session,
-            stream_id=live.stream_id,
-            sample_count=state.samples,
-            last_t=last_t,
-            state=state.to_bytes(live.recurrence.monitor),
-            state_version=STATE_VERSION,
-            now=datetime.now(UTC),
-        )
-        stream_repo.advance(session, live.stream_id, sample_count=state.samples, last_t=last_t)
+        if not self._save(session, [live], force=force):
+            return False
         reading_repo.pack(session, stream_id=live.stream_id, before_sample=state.samples)
         if self.retention is not None and live.learning is None and state.last_time is not None:
             # A learning stream keeps every reading: its fit reads them all.
@@ -759,34 +797,82 @@ class LiveStreams:
             )
         return True
 
+    def _save(self, session: Session, lives: Sequence[LiveStream], *, force: bool) -> int:
+        """Write the states of those of the streams that moved since their checkpoint (all of
+        them with `force`) and their rows' reading counts, in one statement each. A stream is
+        known to be saved once the transaction commits. Returns how many were written."""
+        moved = [live for live in lives if force or live.saved_samples != live.state.samples]
+        if not moved:
+            return 0
+        rows = [
+            checkpoint_repo.Saved(
+                stream_id=live.stream_id,
+                sample_count=live.state.samples,
+                last_t=None
+                if live.state.last_time is None
+                else reading_repo.datetime_at(live.state.last_time),
+                state=live.state.to_bytes(live.recurrence.monitor),
+                state_version=STATE_VERSION,
+            )
+            for live in moved
+        ]
+        checkpoint_repo.save(session, rows, now=datetime.now(UTC))
+        stream_repo.advance_many(
+            session, [(row.stream_id, row.sample_count, row.last_t) for row in rows]
+        )
+
+        def saved() -> None:
+            for live, row in zip(moved, rows, strict=True):
+                live.saved_samples = row.sample_count
+
+        self.on_end(session, commit=saved)
+        return len(moved)
+
     def checkpoint_all(self) -> int:
         """Checkpoint every live stream that moved since its last checkpoint (at shutdown: the
-        next start replays nothing). Returns how many were written."""
+        next start replays nothing), `SAVED_TOGETHER` streams a transaction. The readings'
+        tidying is left to each stream's next checkpoint. Returns how many were written."""
+        if self.follower:
+            return 0  # the workers own the streams' checkpoints
         with self._guard:
-            ids = [stream_id for stream_id, slot in self._slots.items() if slot.live is not None]
+            ids = [
+                stream_id
+                for stream_id, slot in self._slots.items()
+                if slot.live is not None and slot.live.saved_samples != slot.live.state.samples
+            ]
         written = 0
-        for stream_id in ids:
+        for start in range(0, len(ids), SAVED_TOGETHER):
             with self.database.session() as session:
-                slot = self._slots.get(stream_id)
-                if slot is None or slot.live is None:
-                    continue
-                if self.owns is not None and not self.owns(session, stream_id):
-                    continue  # another worker's now: its state is that one's to write
-                live = self.hold(session, [stream_id])[0]
-                written += self.checkpoint(session, live, force=False)
-                live.checkpoint_due = self.next_checkpoint(stream_id, live.state.samples)
+                chunk = [
+                    stream_id
+                    for stream_id in ids[start : start + SAVED_TOGETHER]
+                    if (slot := self._slots.get(stream_id)) is not None and slot.live is not None
+                    if self.owns is None or self.owns(session, stream_id)
+                ]  # (another worker's stream is that one's to write)
+                lives = self.hold(session, chunk)
+                written += self._save(session, lives, force=False)
+                for live in lives:
+                    live.checkpoint_due = self.next_checkpoint(live.stream_id, live.state.samples)
         return written
 
-    def restore_all(self, only: Callable[[str], bool] | None = None) -> list[tuple[str, str]]:
+    def restore_all(
+        self, only: Callable[[str], bool] | None = None, progress: Restoring | None = None
+    ) -> list[tuple[str, str]]:
         """Restore every stream (`only` those it accepts: a bus worker's partition), at
         start-up, so every stream's metric series exist from the first scrape and a silent
-        one is seen to be. Returns the streams that cannot be restored, with why."""
+        one is seen to be; `progress` follows it (and may stop it). A stream a request needs
+        meanwhile is restored by the request (`hold`): the two take its lock in turn. Returns
+        the streams that cannot be restored, with why."""
         problems = []
         with self.database.session() as session:
-            ids = [stream.id for stream in stream_repo.list_all(session)]
+            ids = stream_repo.all_ids(session)
         if only is not None:
             ids = [stream_id for stream_id in ids if only(stream_id)]
+        if progress is not None:
+            progress.total = len(ids)
         for start in range(0, len(ids), RESTORED_TOGETHER):
+            if progress is not None and progress.stop.is_set():
+                break
             chunk = ids[start : start + RESTORED_TOGETHER]
             try:
                 with self.database.session() as session:
@@ -801,6 +887,8 @@ class LiveStreams:
                         problems.append((stream_id, exc.detail))
             for live in lives:
                 self.learn_if_due(live)
+            if progress is not None:
+                progress.done += len(chunk)
         return problems
 
     def learn_if_due(self, live: LiveStream) -> None:

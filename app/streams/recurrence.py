@@ -25,20 +25,25 @@ Missing readings and gaps follow one rule:
 from __future__ import annotations
 
 import itertools
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pydantic_core import to_json
 
 from app.errors import DataError
 from app.forecasting.base import Forecaster
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.monitor import HOLDING, Monitor, MonitorConfig, MonitorState
+from app.streams.saved import MAGIC as SAVED_MAGIC
+from app.streams.saved import SavedState
 
-STATE_VERSION = 2
+STATE_VERSION = 3
+"""The checkpoints this release writes (`app/streams/saved.py`); it reads those of version 2
+(JSON) too."""
+READABLE_STATE_VERSIONS = (2, 3)
 DEFAULT_MAX_GAP = 10
 """Nulls in a row, and sample periods of silence, after which a stream warms up again."""
 
@@ -84,38 +89,29 @@ class StreamState:
             setattr(self, name, getattr(other, name))
 
     def to_bytes(self, monitor: Monitor) -> bytes:
-        """The checkpoint: exact JSON (floats round-trip), written by pydantic-core. The last
+        """The checkpoint (`app/streams/saved.py`: a layout decoded in microseconds). The last
         reading's time is stored beside it (`Recurrence.restore` takes it back)."""
-        return to_json(
-            {
-                "version": STATE_VERSION,
-                "samples": self.samples,
-                "run": self.run,
-                "since_imputed": self.since_imputed,
-                "missing_run": self.missing_run,
-                "history": _json_numbers(self.history),
-                "carry": self.carry.astype(np.float64).tolist(),
-                "pending": _json_numbers(self.pending),
-                "monitor": monitor.state_to_json(self.monitor),
-                "latest": _json_numbers(self.latest),
-                "held": self.held,
-            }
-        )
+        return SavedState(
+            samples=self.samples,
+            run=self.run,
+            since_imputed=self.since_imputed,
+            missing_run=self.missing_run,
+            held=self.held,
+            history=self.history.ravel(),
+            carry=self.carry,
+            pending=self.pending,
+            latest=self.latest,
+            monitor_values=self.monitor.values,
+            rules=dict(zip(monitor.kinds, self.monitor.rules, strict=True)),
+        ).to_bytes()
 
 
-def _json_numbers(array: FloatArray) -> list[Any]:
-    return [None if math.isnan(x) else x for x in array.ravel().tolist()]
-
-
-def _array(raw: Any, shape: tuple[int, ...], what: str) -> FloatArray:
-    try:
-        values = [math.nan if x is None else float(x) for x in raw]
-        array = np.array(values, dtype=np.float64).reshape(shape)
-    except (TypeError, ValueError):
-        raise DataError(f"stream state: {what} must be {shape} numbers") from None
+def _sized(array: FloatArray, shape: tuple[int, ...], what: str) -> FloatArray:
+    if array.size != math.prod(shape):
+        raise DataError(f"stream state: {what} must be {shape} numbers")
     if np.isinf(array).any():
         raise DataError(f"stream state: {what} must be finite")
-    return array
+    return np.asarray(array, dtype=np.float64).reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -309,51 +305,66 @@ class Recurrence:
         return state
 
     def restore(
-        self, saved: Mapping[str, Any], last_time: int | None, *, fresh_monitor: bool = False
+        self, saved: bytes, last_time: int | None, *, fresh_monitor: bool = False
     ) -> StreamState:
-        """The state `StreamState.to_bytes` wrote (parsed), after a reading at `last_time`;
-        refused with a DataError if it does not fit this model and monitor. `fresh_monitor`:
-        the detectors start afresh (they were reconfigured since the state was saved)."""
-        if saved.get("version") == 1:
-            saved = self._upgrade(saved)
-        if saved.get("version") != STATE_VERSION:
-            raise DataError(f"stream state version {saved.get('version')!r} is not supported")
+        """The state `StreamState.to_bytes` wrote (or an earlier release's JSON checkpoint),
+        after a reading at `last_time`; refused with a DataError if it does not fit this model
+        and monitor. `fresh_monitor`: the detectors start afresh (they were reconfigured since
+        the state was saved)."""
+        parts = (
+            SavedState.from_bytes(saved)
+            if saved[: len(SAVED_MAGIC)] == SAVED_MAGIC
+            else self._from_json(saved)
+        )
         forecaster = self.forecaster
-        keys = ("samples", "run", "since_imputed", "missing_run")
-        try:
-            samples, run, since_imputed, missing_run = (int(saved[key]) for key in keys)
-            held = 0 if fresh_monitor else int(saved.get("held", 0))
-        except (KeyError, TypeError, ValueError):
-            raise DataError("stream state: counters must be integers") from None
+        samples, run, since_imputed = parts.samples, parts.run, parts.since_imputed
+        held = 0 if fresh_monitor else parts.held
         if (
-            min(samples, run, since_imputed, missing_run, held) < 0
+            min(samples, run, since_imputed, parts.missing_run, held) < 0
             or max(run, since_imputed) > self.window
         ):
             raise DataError("stream state: counters out of range")
-        carry = _array(saved.get("carry"), (forecaster.carry_size,), "carry")
+        carry = _sized(parts.carry, (forecaster.carry_size,), "carry")
         if np.isnan(carry).any():
             raise DataError("stream state: the forecaster's carry must be numbers")
-        monitor = (
-            self.monitor.new_state()
-            if fresh_monitor
-            else self.monitor.state_from_json(saved.get("monitor") or {})
-        )
-        latest = _array(saved.get("latest"), (self._latest_size,), "latest")
-        if fresh_monitor:
-            latest[2 * self.targets :] = np.nan
+        if fresh_monitor:  # (its detectors' statistics are another monitor's: none yet)
+            kept = 2 * self.targets
+            monitor = self.monitor.new_state()
+            latest = np.full(self._latest_size, np.nan)
+            latest[:kept] = _sized(parts.latest[:kept], (kept,), "latest")
+        else:
+            monitor = self.monitor.state_from_parts(parts.monitor_values, parts.rules)
+            latest = _sized(parts.latest, (self._latest_size,), "latest")
         return StreamState(
             samples=samples,
             last_time=last_time,
             run=run,
             since_imputed=since_imputed,
-            missing_run=missing_run,
-            history=_array(saved.get("history"), (forecaster.context, self.channels), "history"),
+            missing_run=parts.missing_run,
+            history=_sized(parts.history, (forecaster.context, self.channels), "history"),
             carry=carry.astype(np.float32),
-            pending=_array(saved.get("pending"), (forecaster.outputs,), "pending"),
+            pending=_sized(parts.pending, (forecaster.outputs,), "pending"),
             monitor=monitor,
             latest=latest,
             held=held,
         )
+
+    def _from_json(self, saved: bytes) -> SavedState:
+        """A checkpoint an earlier release wrote as JSON."""
+        try:
+            loaded = json.loads(saved)
+        except ValueError:
+            raise DataError("stream state: neither this release's checkpoint nor JSON") from None
+        if not isinstance(loaded, dict):
+            raise DataError("stream state: not a JSON object")
+        if loaded.get("version") == 1:
+            loaded = self._upgrade(loaded)
+        if loaded.get("version") != 2:
+            raise DataError(f"stream state version {loaded.get('version')!r} is not supported")
+        monitor = loaded.get("monitor")
+        if isinstance(monitor, dict):
+            loaded["monitor"] = self.monitor.upgraded(monitor)
+        return SavedState.from_json(loaded)
 
     def _upgrade(self, saved: Mapping[str, Any]) -> dict[str, Any]:
         """A state written by twinwatch 0.1: its window of readings, a flag per reading for

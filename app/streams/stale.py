@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from app.metrics import Metrics
 from app.monitoring.alarms import AlarmEvent
+from app.storage.db import UNAVAILABLE
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import readings as reading_repo
 from app.streams.live import LiveStream, LiveStreams
@@ -76,6 +77,8 @@ class StaleWatch:
         while not self._stop.wait(CHECK_EVERY_S):
             try:
                 self.check()
+            except UNAVAILABLE as exc:  # told once per outage (a check may not touch the database)
+                self.streams.database.outage.failed("the stale check", exc)
             except Exception:
                 log.exception("checking for stale streams failed")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -212,6 +213,7 @@ def make_client(database: Database, models_dir: Path, tmp_path: Path) -> Iterato
         *,
         artifact_loader: ArtifactLoader = fake_loader,
         after_startup: Callable[[], None] | None = None,
+        restored: bool = True,
         **overrides: Any,
     ) -> TestClient:
         values: dict[str, Any] = {
@@ -230,6 +232,12 @@ def make_client(database: Database, models_dir: Path, tmp_path: Path) -> Iterato
         client = TestClient(app)
         client.__enter__()
         clients.append(client)
+        if restored:  # (the restore runs behind the open port: a test starts after it)
+            restoring = client.app_state["twinwatch"].restoring
+            deadline = time.monotonic() + 120
+            while not restoring.finished:
+                assert time.monotonic() < deadline, "the streams were not restored in 2 min"
+                time.sleep(0.005)
         return client
 
     yield make
@@ -266,12 +274,14 @@ def make_stream(
         )
     return stream_repo.create(
         session,
-        stream_id=stream_id,
-        model_name=model,
-        channels=["value"],
-        sample_period_s=0.1,
-        has_reference=False,
-        detector_overrides=detector_overrides or {},
+        stream_repo.NewStream(
+            stream_id=stream_id,
+            model_name=model,
+            channels=["value"],
+            sample_period_s=0.1,
+            has_reference=False,
+            detector_overrides=detector_overrides or {},
+        ),
         now=T0,
     )
 

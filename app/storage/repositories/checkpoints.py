@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import bindparam, select, update
 from sqlalchemy import delete as sql_delete
+from sqlalchemy import select
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
@@ -18,50 +21,51 @@ def get(session: Session, stream_id: str) -> StreamCheckpoint | None:
     return session.get(StreamCheckpoint, stream_id)
 
 
-# Built once and run on the session's connection: building the statement and the ORM's
-# execution cost more than the UPDATE itself.
-_UPDATE = (
-    update(StreamCheckpoint)
-    .where(StreamCheckpoint.stream_id == bindparam("key"))
-    .values(
-        sample_count=bindparam("new_sample_count"),
-        last_t=bindparam("new_last_t"),
-        state=bindparam("new_state"),
-        state_version=bindparam("new_state_version"),
-        updated_at=bindparam("new_updated_at"),
-    )
-)
+@dataclass(frozen=True)
+class Saved:
+    """One stream's checkpoint as written: its state after `sample_count` readings."""
+
+    stream_id: str
+    sample_count: int
+    last_t: datetime | None
+    state: bytes
+    state_version: int
 
 
-def save(
-    session: Session,
-    *,
-    stream_id: str,
-    sample_count: int,
-    last_t: datetime | None,
-    state: bytes,
-    state_version: int,
-    now: datetime,
-) -> None:
-    """Replace the stream's checkpoint with the state after `sample_count` readings.
-
-    One UPDATE in the common case (the row exists), an INSERT for a stream's first batch."""
-    values = {
-        "sample_count": sample_count,
-        "last_t": last_t,
-        "state": state,
-        "state_version": state_version,
-        "updated_at": now,
-    }
-    parameters = {f"new_{name}": value for name, value in values.items()}
-    if session.connection().execute(_UPDATE, {"key": stream_id, **parameters}).rowcount == 1:
-        held = session.identity_map.get(identity_key(StreamCheckpoint, stream_id))
-        if held is not None:
-            for name, value in values.items():
-                set_committed_value(held, name, value)
+def save(session: Session, rows: Sequence[Saved], *, now: datetime) -> None:
+    """Replace the streams' checkpoints (insert those that have none): one upsert of every row,
+    as a stop writes thousands. Checkpoints the session holds are brought up to date too."""
+    if not rows:
         return
-    session.add(StreamCheckpoint(stream_id=stream_id, **values))
-    session.flush()
+    values = [
+        {
+            "stream_id": row.stream_id,
+            "sample_count": row.sample_count,
+            "last_t": row.last_t,
+            "state": row.state,
+            "state_version": row.state_version,
+            "updated_at": now,
+        }
+        for row in rows
+    ]
+    upsert = (
+        postgresql_insert(StreamCheckpoint)
+        if session.get_bind().dialect.name == "postgresql"
+        else sqlite_insert(StreamCheckpoint)
+    )
+    statement = upsert.on_conflict_do_update(
+        index_elements=[StreamCheckpoint.stream_id],
+        set_={name: getattr(upsert.excluded, name) for name in _CHANGED},
+    )
+    session.connection().execute(statement, values)
+    for row in values:
+        held = session.identity_map.get(identity_key(StreamCheckpoint, row["stream_id"]))
+        if held is not None:
+            for name in _CHANGED:
+                set_committed_value(held, name, row[name])
+
+
+_CHANGED = ("sample_count", "last_t", "state", "state_version", "updated_at")
 
 
 def delete(session: Session, stream_id: str) -> None:

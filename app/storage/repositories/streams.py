@@ -5,10 +5,11 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy import delete as sql_delete
 from sqlalchemy import update as sql_update
 from sqlalchemy.exc import IntegrityError
@@ -99,48 +100,73 @@ def _decode_cursor(cursor: str) -> str:
     return stream_id
 
 
+def all_ids(session: Session) -> list[str]:
+    return list(session.scalars(select(Stream.id).order_by(Stream.id)))
+
+
 def list_all(session: Session) -> list[Stream]:
     return list(session.scalars(select(Stream).order_by(Stream.id)))
 
 
-def create(
-    session: Session,
-    *,
-    stream_id: str,
-    model_name: str,
-    channels: list[str],
-    sample_period_s: float | None,
-    has_reference: bool,
-    detector_overrides: dict[str, Any],
-    now: datetime,
-    learning: dict[str, Any] | None = None,
-    false_alarms_per_day: float = 1.0,
-) -> Stream:
-    stream = Stream(
-        id=stream_id,
-        model_name=model_name,
-        channels=list(channels),
-        sample_period_s=sample_period_s,
-        has_reference=has_reference,
-        detector_overrides=dict(detector_overrides),
-        learning=None if learning is None else dict(learning),
-        false_alarms_per_day=false_alarms_per_day,
-        created_at=now,
-        updated_at=now,
-        last_t=None,
-        sample_count=0,
-    )
-    session.add(stream)
-    try:
-        session.flush()
+@dataclass(frozen=True)
+class NewStream:
+    """A stream's row as its creation writes it (no readings yet)."""
+
+    stream_id: str
+    model_name: str
+    channels: list[str]
+    sample_period_s: float | None
+    has_reference: bool
+    detector_overrides: dict[str, Any]
+    learning: dict[str, Any] | None = None
+    false_alarms_per_day: float = 1.0
+
+
+def create(session: Session, row: NewStream, *, now: datetime) -> Stream:
+    """One stream, read back."""
+    create_many(session, [row], now=now)
+    stream = session.get(Stream, row.stream_id)
+    assert stream is not None
+    return stream
+
+
+def create_many(session: Session, rows: Sequence[NewStream], *, now: datetime) -> None:
+    """Insert the streams in one statement (a fleet's onboarding creates thousands);
+    ConflictError if one exists already or names a model that is not registered."""
+    if not rows:
+        return
+    values = [
+        {
+            "id": row.stream_id,
+            "model_name": row.model_name,
+            "channels": list(row.channels),
+            "sample_period_s": row.sample_period_s,
+            "has_reference": row.has_reference,
+            "detector_overrides": dict(row.detector_overrides),
+            "learning": None if row.learning is None else dict(row.learning),
+            "false_alarms_per_day": row.false_alarms_per_day,
+            "created_at": now,
+            "updated_at": now,
+            "last_t": None,
+            "sample_count": 0,
+        }
+        for row in rows
+    ]
+    try:  # (the session is unusable after a failure: the caller's transaction rolls back)
+        session.execute(insert(Stream), values)
     except IntegrityError:
         # Two creations raced (the other committed first), or the model is not registered.
+        if len(rows) == 1:
+            row = rows[0]
+            raise ConflictError(
+                f"stream {row.stream_id!r} could not be created: it was created concurrently "
+                f"or model {row.model_name!r} is not registered; retry the request",
+                stream=row.stream_id,
+            ) from None
         raise ConflictError(
-            f"stream {stream_id!r} could not be created: it was created concurrently or model "
-            f"{model_name!r} is not registered; retry the request",
-            stream=stream_id,
+            f"{len(rows)} streams could not be created: one was created concurrently or names "
+            "a model that is not registered; retry the request"
         ) from None
-    return stream
 
 
 def update(
@@ -186,13 +212,25 @@ def advance(
 
     One UPDATE by key, no SELECT first; raises NotFoundError if the stream is gone. A `Stream`
     the session holds is brought up to date too."""
-    parameters = {"key": stream_id, "new_sample_count": sample_count, "new_last_t": last_t}
-    if session.connection().execute(_ADVANCE, parameters).rowcount == 0:
-        raise NotFoundError(f"no stream {stream_id!r}", stream=stream_id)
-    held = session.identity_map.get(identity_key(Stream, stream_id))
-    if held is not None:
-        set_committed_value(held, "sample_count", sample_count)
-        set_committed_value(held, "last_t", last_t)
+    advance_many(session, [(stream_id, sample_count, last_t)])
+
+
+def advance_many(session: Session, moves: Sequence[tuple[str, int, datetime | None]]) -> None:
+    """`advance` for many streams at once (stream, reading count, last time): one executemany."""
+    if not moves:
+        return
+    parameters = [
+        {"key": stream_id, "new_sample_count": count, "new_last_t": last_t}
+        for stream_id, count, last_t in moves
+    ]
+    result = session.connection().execute(_ADVANCE, parameters)
+    if len(moves) == 1 and result.rowcount == 0:
+        raise NotFoundError(f"no stream {moves[0][0]!r}", stream=moves[0][0])
+    for stream_id, count, last_t in moves:
+        held = session.identity_map.get(identity_key(Stream, stream_id))
+        if held is not None:
+            set_committed_value(held, "sample_count", count)
+            set_committed_value(held, "last_t", last_t)
 
 
 def delete(session: Session, stream_id: str) -> None:

@@ -146,6 +146,7 @@ def test_send_refuses_times_and_files_the_service_would(client: TestClient, tmp_
     assert "milliseconds?" in refused("time,flow\n1700000000000,1.0\n")
     assert "'nan' is not a time" in refused("time,flow\nnan,1.0\n")
     assert "'inf' is not a time" in refused("time,flow\ninf,1.0\n")
+    assert "before 1990" in refused("time,flow\n0,1.0\n1,2.0\n")  # since a recording began
     assert "is not UTF-8 text" in refused(b"time,flow\n1700000000,\xff\n")
     assert client.get("/v1/streams/q").status_code == 404
     # Without an offset, a time is UTC, and sent as such.
@@ -153,3 +154,33 @@ def test_send_refuses_times_and_files_the_service_would(client: TestClient, tmp_
     assert "2 readings accepted" in run("send", "q", str(readings), "--create")
     last = client.get("/v1/streams/q").json()["last_t"]
     assert last.startswith("2026-01-01T00:00:01")
+
+
+def test_streams_apply_onboards_a_fleet_from_json_or_csv(
+    client: TestClient, tmp_path: Path
+) -> None:
+    fleet = tmp_path / "fleet.json"
+    fleet.write_text('{"streams": [{"id": "a-1", "model": "auto"}, {"id": "a-2"}]}')
+    assert "2 created, 0 updated" in run("streams", "apply", str(fleet))
+    inventory = tmp_path / "fleet.csv"
+    inventory.write_text(
+        "id,model,channels,sample_period_s,has_reference\n"
+        "a-2,auto,flow pressure,60,false\n"
+        "b-1,,,,\n"
+    )
+    assert "1 created, 1 updated" in run("streams", "apply", str(inventory))
+    a2 = client.get("/v1/streams/a-2").json()
+    assert (a2["channels"], a2["sample_period_s"]) == (["flow", "pressure"], 60.0)
+    assert "1 created" in run("streams", "apply", "-", stdin='[{"id": "c-1"}]')
+
+    def refused(*args: str, stdin: str | None = None) -> str:
+        with pytest.raises(AppError) as raised:
+            CliRunner().invoke(cli, list(args), input=stdin, catch_exceptions=False)
+        return raised.value.detail
+
+    assert "not JSON" in refused("streams", "apply", "-", stdin="[{")
+    bad = '[{"id": "d-1"}, {"id": "d-2", "model": "nothing-like-it"}]'
+    assert "stream 'd-2'" in refused("streams", "apply", "-", stdin=bad)
+    assert client.get("/v1/streams/d-1").status_code == 404  # all or nothing
+    inventory.write_text("id,colour\nx,red\n")
+    assert "not colour" in refused("streams", "apply", str(inventory))

@@ -39,6 +39,7 @@ def test_every_operation_has_a_stable_camel_case_operation_id(openapi: dict[str,
         ("get", "/v1/streams/{stream_id}"): "getStream",
         ("delete", "/v1/streams/{stream_id}"): "deleteStream",
         ("get", "/v1/streams"): "listStreams",
+        ("put", "/v1/streams"): "putStreams",
         ("post", "/v1/streams/{stream_id}/readings"): "postReadings",
         ("post", "/v1/readings"): "postManyReadings",
         ("get", "/v1/streams/{stream_id}/forecast"): "getForecast",
@@ -86,6 +87,7 @@ def test_every_body_documents_the_400_of_malformed_json(openapi: dict[str, Any])
     }
     assert set(with_body) == {
         "putStream",
+        "putStreams",
         "postReadings",
         "postManyReadings",
         "acknowledgeAlarm",
@@ -110,6 +112,7 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
     }
     assert secured == {
         "putStream",
+        "putStreams",
         "deleteStream",
         "postReadings",
         "postManyReadings",
@@ -127,7 +130,7 @@ def test_writes_declare_the_bearer_scheme(openapi: dict[str, Any]) -> None:
 
 def test_every_request_body_has_examples_its_model_accepts(openapi: dict[str, Any]) -> None:
     bodies = [op["requestBody"] for _, _, op in operations(openapi) if "requestBody" in op]
-    assert len(bodies) == 8
+    assert len(bodies) == 9
     for body in bodies:
         ref = body["content"]["application/json"]["schema"]["$ref"]
         name = ref.removeprefix("#/components/schemas/")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -66,10 +67,14 @@ def test_loaded_models_are_recorded_in_the_database(client: TestClient, database
 def test_healthz_and_readyz(client: TestClient) -> None:
     assert client.get("/healthz").json() == {"status": "ok"}
     ready = client.get("/readyz")
-    assert ready.status_code == 200
+    assert ready.status_code == 200  # (ready while the streams are restored: none here)
+    deadline = time.monotonic() + 10
+    while ready.json()["checks"]["streams"] != "0 restored":
+        assert time.monotonic() < deadline, ready.json()
+        ready = client.get("/readyz")
     assert ready.json() == {
         "status": "ready",
-        "checks": {"database": "ok", "models": "2 loaded"},
+        "checks": {"database": "ok", "streams": "0 restored", "models": "2 loaded"},
     }
 
 
@@ -129,6 +134,40 @@ def test_an_outage_answers_retry_after_and_is_logged_once(
     assert "unavailable" in messages[0] and "available again" in messages[1]
     assert "6 failed request(s)" in messages[1]
     assert not [r for r in caplog.records if r.exc_info], "a traceback was logged"
+
+
+def test_the_job_runner_tells_an_outage_once(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The job runner polls the database: through an outage it says so once, as requests do,
+    not with a traceback every few seconds, and says when the database is back."""
+    state = client.app_state["twinwatch"]
+    working = state.database.engine
+    gone = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+
+    def said(text: str) -> int:
+        return sum(text in record.getMessage() for record in caplog.records)
+
+    def wait_until(condition: Any) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, [r.getMessage() for r in caplog.records]
+            state.jobs.wake()
+            time.sleep(0.05)
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        state.database.engine = gone
+        state.database.sessions.configure(bind=gone)
+        wait_until(lambda: said("first on the job runner"))
+        for _ in range(3):  # more tries meet the same outage: nothing more is said
+            state.jobs.wake()
+            time.sleep(0.2)
+        state.database.engine = working
+        state.database.sessions.configure(bind=working)
+        wait_until(lambda: said("available again"))
+    assert said("database unavailable") == 1
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
 
 
 def test_metrics_expose_model_info_and_stream_series(make_client: AppFactory) -> None:

@@ -39,15 +39,19 @@ def test_malformed_json_is_400(client: TestClient) -> None:
     assert client.get("/v1/streams/pump-1").status_code == 404
 
 
-@pytest.mark.parametrize(
-    ("method", "url"),
-    [
-        ("PUT", "/v1/streams/pump-1"),
-        ("POST", "/v1/streams/pump-1/readings"),
-        ("POST", "/v1/readings"),
-        ("POST", "/v1/alarms/1/acknowledge"),
-    ],
-)
+BODY_ENDPOINTS = [
+    ("PUT", "/v1/streams/pump-1"),
+    ("POST", "/v1/streams/pump-1/readings"),
+    ("POST", "/v1/readings"),
+    ("POST", "/v1/alarms/1/acknowledge"),
+    ("POST", "/v1/incidents/1/acknowledge"),
+    ("POST", "/v1/streams/pump-1/jobs"),
+    ("POST", "/v1/streams/pump-1/model"),
+    ("PUT", "/v1/streams/pump-1/shadow"),
+]
+
+
+@pytest.mark.parametrize(("method", "url"), BODY_ENDPOINTS)
 def test_every_body_endpoint_answers_malformed_json_with_400(
     client: TestClient, method: str, url: str
 ) -> None:
@@ -62,15 +66,21 @@ def test_every_body_endpoint_answers_malformed_json_with_400(
     [
         b"[" * 100_000 + b"]" * 100_000,  # deeper than the JSON parser's recursion limit
         b'{"model": "\xff"}',  # not UTF-8
-        b'{"sample_period_s": 1' + b"0" * 5000 + b"}",  # integer too long to convert
+        b'{"sample_period_s": 1' + b"0" * 5000 + b"}",  # a number out of any float's range
     ],
-    ids=["deep", "not-utf8", "huge-int"],
+    ids=["deep", "not-utf8", "huge-number"],
 )
-def test_unparseable_bodies_are_400(client: TestClient, body: bytes) -> None:
-    response = client.put(
-        "/v1/streams/pump-1", content=body, headers={"content-type": "application/json"}
+@pytest.mark.parametrize(("method", "url"), BODY_ENDPOINTS)
+def test_unparseable_bodies_are_one_problem_everywhere(
+    client: TestClient, body: bytes, method: str, url: str
+) -> None:
+    """One parser for every body, so one answer: a body nested past the parser's limit is
+    malformed JSON on a stream's PUT as on its readings."""
+    response = client.request(
+        method, url, content=body, headers={"content-type": "application/json"}
     )
-    assert_problem(response, 400, "bad-request")
+    assert_problem(response, 400, "malformed-json")
+    assert client.get("/v1/streams/pump-1").status_code == 404
 
 
 @pytest.mark.parametrize(

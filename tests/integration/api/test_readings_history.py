@@ -69,7 +69,14 @@ def test_buckets_summarise_a_range(client: TestClient) -> None:
     values = signal()[:first]
     assert answer["buckets"]["value"]["mean"][0] == pytest.approx(float(values.mean()))
     assert answer["buckets"]["value"]["max"][0] == pytest.approx(float(values.max()))
-    assert set(answer["buckets"]) == {"value", "forecast", "residual", "point", "rolling_rms"}
+    assert set(answer["buckets"]) == {
+        "value",
+        "forecast",
+        "residual",
+        "point",
+        "rolling_rms",
+        "missing",
+    }
 
 
 def test_a_learning_stream_has_readings_but_no_forecasts(client: TestClient) -> None:

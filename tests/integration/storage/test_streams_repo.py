@@ -61,12 +61,14 @@ def test_a_stream_needs_a_registered_model(database: Database) -> None:
     with pytest.raises(ConflictError, match="not registered"), database.session() as session:
         stream_repo.create(
             session,
-            stream_id="orphan",
-            model_name="never-loaded",
-            channels=["value"],
-            sample_period_s=0.1,
-            has_reference=False,
-            detector_overrides={},
+            stream_repo.NewStream(
+                stream_id="orphan",
+                model_name="never-loaded",
+                channels=["value"],
+                sample_period_s=0.1,
+                has_reference=False,
+                detector_overrides={},
+            ),
             now=T0,
         )
 
@@ -78,13 +80,7 @@ def test_delete_cascades_to_alarms_checkpoint_and_readings(database: Database) -
         for stream_id in ("doomed", "kept"):
             make_alarm(session, stream_id)
             checkpoint_repo.save(
-                session,
-                stream_id=stream_id,
-                sample_count=1,
-                last_t=T0,
-                state=b"state",
-                state_version=1,
-                now=T0,
+                session, [checkpoint_repo.Saved(stream_id, 1, T0, b"state", 1)], now=T0
             )
             micros = reading_repo.micros([T0])
             reading_repo.insert_batches(

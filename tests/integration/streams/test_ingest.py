@@ -54,12 +54,14 @@ class Service:
         with self.database.session() as session:
             streams.create(
                 session,
-                stream_id=name,
-                model_name=model,
-                channels=["value"],
-                sample_period_s=0.1,
-                has_reference=False,
-                detector_overrides={},
+                streams.NewStream(
+                    stream_id=name,
+                    model_name=model,
+                    channels=["value"],
+                    sample_period_s=0.1,
+                    has_reference=False,
+                    detector_overrides={},
+                ),
                 now=T0,
             )
 
@@ -215,6 +217,29 @@ def test_a_clean_stop_checkpoints_every_stream_that_moved(database: Database, mo
     fresh = Service(database, models)  # as at the next start: nothing to replay
     assert fresh.streams.restore_all() == []
     assert fresh.position("p") == (80, reading_repo.micro(reading(0, 79).t))
+
+
+def test_a_stop_writes_many_streams_a_statement_each_as_it_would_alone(
+    database: Database, models: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams checkpointed together at a stop (here 3 a transaction) are saved as one at a
+    time would save them: a restart resumes each exactly, replaying nothing."""
+    monkeypatch.setattr(live_module, "SAVED_TOGETHER", 3)
+    service = Service(database, models, checkpoint_every=100_000)  # (none due on the way)
+    names = [f"s{i}" for i in range(7)]
+    for name in names:
+        service.create(name, "lstm-stateful-lab")
+    service.ingest([(name, batch(0, 60, stream=i)) for i, name in enumerate(names)])
+    expected = {name: service.checkpoint(name) for name in names}
+    assert service.streams.checkpoint_all() == len(names)
+    assert service.streams.checkpoint_all() == 0
+    with database.session() as session:
+        saved = checkpoints.get_many(session, names)
+        assert {name: row.state for name, row in saved.items()} == expected
+        assert {streams.require(session, n).sample_count for n in names} == {60}
+    fresh = Service(database, models)
+    assert fresh.streams.restore_all() == []
+    assert {name: fresh.checkpoint(name) for name in names} == expected
 
 
 def test_a_start_restores_streams_together_exactly_and_names_the_one_that_cannot(

@@ -93,7 +93,10 @@ def parsed(*streams: tuple[str, int]) -> Any:
 
     batches = [
         StreamReadingsIn.model_validate(
-            {"stream": name, "readings": [{"t": 1.0 + i, "value": 0.0} for i in range(count)]}
+            {
+                "stream": name,
+                "readings": [{"t": 1_767_225_600.0 + i, "value": 0.0} for i in range(count)],
+            }
         )
         for name, count in streams
     ]

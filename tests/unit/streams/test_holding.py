@@ -6,7 +6,6 @@ gives the same bits however the readings are grouped into blocks (and across a c
 from __future__ import annotations
 
 import itertools
-import json
 
 import numpy as np
 import pytest
@@ -160,8 +159,7 @@ def run_in_blocks(
     events: list[AlarmEvent] = []
     for start, stop in blocks:
         if start == restore_at:  # a restart: the checkpoint, then on
-            saved = json.loads(state.to_bytes(recurrence.monitor))
-            state = recurrence.restore(saved, state.last_time)
+            state = recurrence.restore(state.to_bytes(recurrence.monitor), state.last_time)
         part = recurrence.advance(
             [state], Readings.of_one(times[start:stop], values[start:stop]), [1.0]
         ).stream(0)

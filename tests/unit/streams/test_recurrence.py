@@ -19,9 +19,10 @@ from app.forecasting.training import TrainingConfig
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.calibration import HoldOut, calibrate_margins
 from app.monitoring.evaluation import stream_record
-from app.monitoring.monitor import MonitorConfig, PointConfig
+from app.monitoring.monitor import MISSING_READINGS, MonitorConfig, PointConfig
 from app.series import Series
 from app.streams.recurrence import Readings, Recurrence, StreamResult
+from app.streams.saved import SavedState
 
 PERIOD = 0.1
 T0 = 1_700_000_000_000_000  # microseconds
@@ -209,7 +210,7 @@ def test_a_pause_restarts_the_warm_up(recurrence: Recurrence, lab: Lab) -> None:
 def test_a_checkpoint_continues_exactly(recurrence: Recurrence, lab: Lab) -> None:
     state = recurrence.new_state()
     advance(recurrence, [state], lab, [(0, 0, 1234)])
-    saved = json.loads(state.to_bytes(recurrence.monitor))
+    saved = state.to_bytes(recurrence.monitor)
     restored = recurrence.restore(saved, state.last_time)
     a = advance(recurrence, [state], lab, [(0, 1234, 2000)])[0]
     b = advance(recurrence, [restored], lab, [(0, 1234, 2000)])[0]
@@ -251,13 +252,75 @@ def test_forecast_ahead_needs_a_warm_stream(recurrence: Recurrence, lab: Lab) ->
 
 
 def test_restore_refuses_a_state_it_cannot_continue(recurrence: Recurrence) -> None:
-    saved = json.loads(recurrence.new_state().to_bytes(recurrence.monitor))
+    blob = recurrence.new_state().to_bytes(recurrence.monitor)
+    carry = recurrence.forecaster.carry_size
     for change, error in (
-        ({"version": 99}, "version"),
-        ({"carry": [1.0] * (recurrence.forecaster.carry_size + 1)}, "carry"),
-        ({"history": [[1.0]]}, "history"),
+        ({"carry": np.ones(carry + 1, np.float32)}, "carry"),
+        ({"history": np.ones(recurrence.forecaster.context + 1)}, "history"),
         ({"run": -1}, "counters"),
-        ({"monitor": {"version": 2, "values": [], "rules": {}}}, "monitor state"),
+        ({"monitor_values": np.ones(0), "rules": {}}, "monitor state"),
+        ({"latest": np.full(2, np.inf)}, "latest"),
     ):
+        parts = SavedState.from_bytes(blob)
+        for name, value in change.items():
+            setattr(parts, name, value)
         with pytest.raises(DataError, match=error):
-            recurrence.restore({**saved, **change}, None)
+            recurrence.restore(parts.to_bytes(), None)
+    for broken, error in ((blob[:-3], "cut short"), (blob + b"x", "after its end")):
+        with pytest.raises(DataError, match=error):
+            recurrence.restore(broken, None)
+    with pytest.raises(DataError, match="version"):
+        recurrence.restore(b'{"version": 99}', None)
+
+
+def test_a_checkpoint_of_the_json_layout_before_still_resumes(
+    recurrence: Recurrence, lab: Lab
+) -> None:
+    """A release before wrote checkpoints as JSON: a stream saved then resumes the same."""
+    state = recurrence.new_state()
+    advance(recurrence, [state], lab, [(0, 0, 700)])
+    monitor = recurrence.monitor
+
+    def numbers(array: np.ndarray) -> list[float | None]:
+        return [None if np.isnan(x) else float(x) for x in np.ravel(array)]
+
+    legacy = {
+        "version": 2,
+        "samples": state.samples,
+        "run": state.run,
+        "since_imputed": state.since_imputed,
+        "missing_run": state.missing_run,
+        "history": numbers(state.history),
+        "carry": numbers(state.carry.astype(np.float64)),
+        "pending": numbers(state.pending),
+        "monitor": monitor.state_to_json(state.monitor),
+        "latest": numbers(state.latest),
+        "held": state.held,
+    }
+    resumed = recurrence.restore(json.dumps(legacy).encode(), state.last_time)
+    assert resumed.to_bytes(monitor) == state.to_bytes(monitor)
+
+
+def test_a_state_saved_under_other_detectors_resumes_with_them_afresh(
+    recurrence: Recurrence, lab: Lab
+) -> None:
+    """A checkpoint written before the stream's detectors changed (a detector turned off, or
+    the missing-readings rule a release adds to trained models): the forecaster's state carries
+    on, the detectors start afresh, nothing is refused."""
+    state = recurrence.new_state()
+    advance(recurrence, [state], lab, [(0, 0, 400)])
+    saved = state.to_bytes(recurrence.monitor)
+    config = recurrence.monitor.config
+    kinds = [d.kind for d in config.detectors]
+    other = [d for d in config.detectors if d.kind != kinds[0]] + [MISSING_READINGS]
+    changed = Recurrence(recurrence.forecaster, config.model_copy(update={"detectors": other}))
+    with pytest.raises(DataError):
+        changed.restore(saved, state.last_time)
+    resumed = changed.restore(saved, state.last_time, fresh_monitor=True)
+    assert resumed.samples == 400
+    np.testing.assert_array_equal(resumed.history, state.history)
+    np.testing.assert_array_equal(resumed.latest[:2], state.latest[:2])
+    assert np.isnan(resumed.latest[2:]).all()
+    (result,) = advance(changed, [resumed], lab, [(0, 400, 500)])
+    (expected,) = advance(recurrence, [state], lab, [(0, 400, 500)])
+    np.testing.assert_array_equal(result.forecasts, expected.forecasts)
