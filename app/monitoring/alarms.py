@@ -163,17 +163,17 @@ class RuleState:
             raise DataError(f"alarm state of {detector} is malformed: {exc!r}") from None
 
     def checked(self, policy: AlarmPolicy, detector: str) -> RuleState:
-        """This state, if a rule of `policy` can continue from it (a DataError if not)."""
+        """This state (just read back: it is not copied), if a rule of `policy` can continue
+        from it (a DataError if not)."""
         seen, recent, event = self.seen, self.recent, self.open
         consistent = seen >= 0 and all(seen - policy.n <= x < seen for x in recent)
         if event is not None:
             consistent = consistent and 0 <= event.last < seen and math.isfinite(event.peak)
         if not consistent:
             raise DataError(f"alarm state of {detector} is inconsistent")
-        state = RuleState(seen, list(recent), event)
-        if state.idle:
-            state.seen = 0
-        return state
+        if self.idle:
+            self.seen = 0
+        return self
 
 
 class AlarmRule:

@@ -277,7 +277,7 @@ class LiveStreams:
             known = {i: self._slots[i] for i in stream_ids if i in self._slots}
         missing = [i for i in stream_ids if i not in known]
         if missing:
-            stream_repo.require_many(session, missing)  # NotFoundError before allocating
+            stream_repo.require_existing(session, missing)  # NotFoundError before allocating
             with self._guard:
                 for stream_id in missing:
                     known[stream_id] = self._slots.setdefault(stream_id, _Slot())

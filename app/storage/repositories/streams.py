@@ -100,6 +100,19 @@ def _decode_cursor(cursor: str) -> str:
     return stream_id
 
 
+def require_existing(session: Session, stream_ids: Sequence[str]) -> None:
+    """NotFoundError naming the first of the streams that does not exist (their ids only are
+    read: nothing of their rows is loaded)."""
+    found: set[str] = set()
+    ordered = sorted(set(stream_ids))
+    for start in range(0, len(ordered), IDS_PER_QUERY):
+        chunk = ordered[start : start + IDS_PER_QUERY]
+        found.update(session.scalars(select(Stream.id).where(Stream.id.in_(chunk))))
+    for stream_id in stream_ids:
+        if stream_id not in found:
+            raise NotFoundError(f"stream {stream_id!r} does not exist", stream=stream_id)
+
+
 def all_ids(session: Session) -> list[str]:
     return list(session.scalars(select(Stream.id).order_by(Stream.id)))
 
