@@ -18,7 +18,7 @@ DEMO_STAMP := $(DEMO_VENV)/.installed
 
 help:
 	@echo "make demo   the service with the built-in twin, on SQLite (a browser page, ~2 min)"
-	@echo "make test   the test suite (its environment first: ~5 min, then ~15 min)"
+	@echo "make test   the test suite (its environment first: ~5 min, then ~13 min in two processes)"
 	@echo "make lint   ruff and mypy"
 	@echo "make venv   the test environment alone (.venv)"
 
@@ -50,7 +50,7 @@ demo: $(DEMO_STAMP)
 	$(DEMO_VENV)/bin/twinwatch demo
 
 test: $(STAMP)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

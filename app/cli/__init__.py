@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from typer import _click as click  # (typer's own copy of click: its groups are made of it)
+from typer._click.core import Parameter
 from typer.core import TyperCommand, TyperGroup
 
 from app.errors import AppError
@@ -212,7 +213,19 @@ COMMANDS: dict[str, tuple[Callable[[], typer.Typer], str]] = {
 the line that list shows (the first sentence of its help: a test holds them equal)."""
 
 
-class LazyGroup(TyperGroup):
+class QuietFlags:
+    """Help that shows no type beside a flag (`--create`, `--help`): a flag takes no value,
+    and `<bool>` there reads as if it did."""
+
+    def get_params(self, ctx: click.Context) -> list[Parameter]:
+        params: list[Parameter] = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, "is_flag", False):
+                param.metavar = ""
+        return params
+
+
+class LazyGroup(QuietFlags, TyperGroup):
     """The `twinwatch` group: lists `COMMANDS` without importing them, builds one when it is
     run or its help is asked for."""
 
@@ -271,9 +284,24 @@ def _group_itself() -> None:
     """(A group does nothing itself: its commands do.)"""
 
 
+class _Command(QuietFlags, TyperCommand):
+    pass
+
+
+class _Group(QuietFlags, TyperGroup):
+    pass
+
+
+class _Typer(typer.Typer):
+    def command(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("cls", _Command)
+        return super().command(*args, **kwargs)
+
+
 def _typer(name: str, description: str | None, **options: Any) -> typer.Typer:
     # No pretty tracebacks: an AppError is one line (see main), anything else a plain trace.
-    return typer.Typer(
+    options.setdefault("cls", _Group)
+    return _Typer(
         name=name,
         help=description,
         no_args_is_help=True,

@@ -75,6 +75,7 @@ def test_help_names_no_internal_document(path: tuple[str, ...]) -> None:
     texts = [command.help or "", *(getattr(param, "help", None) or "" for param in command.params)]
     for word in JARGON:
         assert all(word not in text for text in [result.output, *texts]), word
+    assert "<bool>" not in result.output  # a flag takes no value: no type beside it
 
 
 @pytest.mark.parametrize("path", PATHS, ids=lambda path: " ".join(path) or "twinwatch")
