@@ -61,7 +61,7 @@ from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
-from app.streams.live import LiveStream
+from app.streams.live import LiveStream, refuse_absent_detectors
 from app.streams.stale import stale_limit_s
 
 log = logging.getLogger(__name__)
@@ -142,6 +142,7 @@ def _plan(state: AppState, config: StreamConfig) -> _Plan:
                 f"{len(channels)}",
                 model=model_name,
             )
+        refuse_absent_detectors(model, overrides)
         recurrence = state.streams.recurrence_for(model, overrides)  # refuses an unusable one
         kinds, thresholds = tuple(recurrence.monitor.kinds), recurrence.monitor.thresholds
         period = config.sample_period_s if config.sample_period_s is not None else 0.1

@@ -74,30 +74,40 @@ SAVED_TOGETHER = 1000
 
 
 def monitor_config(model: RegisteredModel, overrides: dict[str, Any]) -> MonitorConfig:
+    """The model's detectors (`model_detectors`) with a stream's overrides applied. Overrides of
+    detectors it does not have change nothing here: a PUT refuses them (`refuse_absent_detectors`),
+    and a stream stored before it did keeps running."""
+    return with_overrides(model_detectors(model), overrides)
+
+
+def model_detectors(model: RegisteredModel) -> MonitorConfig:
     """The model's calibrated detectors, and the missing-readings rule if its calibration made
-    none, with a stream's overrides applied. An override of a detector the model does not have
-    is refused (it would be accepted and never raise), unless it switches it off."""
+    none (it needs no calibration: every stream watches for missing readings)."""
     if not model.thresholds:
         raise ArtifactError(
             f"model {model.name!r} has no detector thresholds: run `twinwatch calibrate` on it"
         )
     base = MonitorConfig.from_manifest(model.manifest)
-    kinds = [detector.kind for detector in base.detectors]
-    if MISSING_READINGS.kind not in kinds:
-        base = base.model_copy(update={"detectors": [*base.detectors, MISSING_READINGS]})
-        kinds.append(MISSING_READINGS.kind)
-    unknown = sorted(
+    if MISSING_READINGS.kind in {detector.kind for detector in base.detectors}:
+        return base
+    return base.model_copy(update={"detectors": [*base.detectors, MISSING_READINGS]})
+
+
+def refuse_absent_detectors(model: RegisteredModel, overrides: dict[str, Any]) -> None:
+    """A DataError if `overrides` asks something of a detector the model does not have (it
+    would be accepted and never raise; switching one off is what it is already)."""
+    kinds = [detector.kind for detector in model_detectors(model).detectors]
+    absent = sorted(
         kind
         for kind, override in overrides.items()
-        if kind not in kinds and override != {"enabled": False}  # (off is what it is)
+        if kind not in kinds and override != {"enabled": False}
     )
-    if unknown:
+    if absent:
         raise DataError(
-            f"model {model.name!r} has no detector {', '.join(unknown)}: its detectors are "
+            f"model {model.name!r} has no detector {', '.join(absent)}: its detectors are "
             f"{', '.join(kinds)}",
             model=model.name,
         )
-    return with_overrides(base, overrides)
 
 
 def with_overrides(base: MonitorConfig, overrides: dict[str, Any]) -> MonitorConfig:

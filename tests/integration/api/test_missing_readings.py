@@ -9,6 +9,7 @@ from typing import Any
 
 from app.forecasting.artifacts import load_model
 from app.simulation.faults import Fault, FaultType
+from app.storage.repositories import streams as stream_repo
 from app.twin.schedule import build_scenario
 from tests.integration.conftest import AppFactory
 from tests.support.models import epoch_times
@@ -67,3 +68,19 @@ def test_an_override_of_a_detector_the_model_lacks_is_refused(make_client: AppFa
     off = client.put("/v1/streams/p", json={"detectors": {"missing": {"enabled": False}}})
     assert off.status_code == 201
     assert "missing" not in off.json()["live"]["detectors"]
+
+
+def test_a_stream_stored_with_such_an_override_still_resumes(make_client: AppFactory) -> None:
+    """An earlier release accepted (and ignored) an override of a detector the model lacks: a
+    stream stored with one keeps running after an upgrade, the override still ignored."""
+    client = make_client()
+    assert client.put("/v1/streams/old", json={}).status_code == 201
+    database = client.app_state["twinwatch"].database
+    client.__exit__(None, None, None)
+    with database.session() as session:
+        stream = stream_repo.require(session, "old")
+        stream.detector_overrides = {"cusum": {"enabled": True, "threshold": 2.0}}
+    again = make_client()
+    reading = {"readings": [{"t": 1_767_225_600.0, "value": 1.0}]}
+    assert again.post("/v1/streams/old/readings", json=reading).status_code == 200
+    assert "cusum" not in again.get("/v1/streams/old").json()["live"]["detectors"]
