@@ -96,6 +96,8 @@ def model_detectors(model: RegisteredModel) -> MonitorConfig:
 def refuse_absent_detectors(model: RegisteredModel, overrides: dict[str, Any]) -> None:
     """A DataError if `overrides` asks something of a detector the model does not have (it
     would be accepted and never raise; switching one off is what it is already)."""
+    if not overrides:  # (the common case, a fleet's onboarding: no manifest read)
+        return
     kinds = [detector.kind for detector in model_detectors(model).detectors]
     absent = sorted(
         kind
