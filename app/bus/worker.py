@@ -130,9 +130,11 @@ class Worker:
             watch.start()
         try:
             while not stop.is_set():
+                stop_if_cancelled()
                 try:
                     await self.leases.beat()
                 except (nats.errors.Error, TimeoutError) as exc:
+                    stop_if_cancelled(exc)
                     log.warning("worker %s: the bus is away (%s); trying again", self.name, exc)
                 self._reconcile()
                 with contextlib.suppress(TimeoutError):
@@ -270,12 +272,15 @@ class Worker:
         subscription = await self._subscribe(partition, acquired)
         try:
             while subscription is not None and self._current(partition, acquired):
+                stop_if_cancelled()
                 try:
                     messages = await subscription.fetch(FETCH_BATCH, timeout=FETCH_WAIT_S)
-                except (nats.errors.TimeoutError, TimeoutError):
+                except (nats.errors.TimeoutError, TimeoutError) as exc:
+                    stop_if_cancelled(exc)
                     self.backlog.pop(partition, None)  # nothing waits
                     continue
                 except Exception as exc:  # the bus away, or anything: never a silent stop
+                    stop_if_cancelled(exc)
                     log.warning("partition %d: fetch failed (%r); trying again", partition, exc)
                     await asyncio.sleep(RETRY_S)
                     continue
@@ -309,9 +314,11 @@ class Worker:
     ) -> JetStreamContext.PullSubscription | None:
         """A fresh consumer of the partition while its lease is this one's; None once not."""
         while self._current(partition, acquired):
+            stop_if_cancelled()
             try:
                 return await self.bus.consumer(partition, ack_wait_s=ACK_WAIT_S, batch=FETCH_BATCH)
             except (nats.errors.Error, TimeoutError) as exc:
+                stop_if_cancelled(exc)
                 log.warning("partition %d: cannot consume (%s); trying again", partition, exc)
                 await asyncio.sleep(RETRY_S)
         return None
@@ -344,6 +351,7 @@ class Worker:
                 try:
                     await one.message.ack_sync(timeout=ACK_TIMEOUT_S)
                 except (nats.errors.Error, TimeoutError) as exc:
+                    stop_if_cancelled(exc)
                     log.warning("partition %d: an acknowledgement failed (%s)", partition, exc)
                     for rest, answered in zip(group, answers, strict=True):
                         await self._reply(rest.message, answered)  # committed all the same
@@ -576,6 +584,18 @@ class _Work:
     acquired: int
     group: list[Parsed]
     answers: asyncio.Future[list[list[Answer]]]
+
+
+def stop_if_cancelled(error: BaseException | None = None) -> None:
+    """Raise CancelledError if the running task was asked to stop. A cancellation can be lost
+    on its way: nats-py answers one that finds its connection closed with its own
+    ConnectionClosedError (an ordinary error), and Python 3.11's `asyncio.wait_for` drops one
+    that meets its result. A retry loop that took either for the bus being away, or went on
+    after it, would run for ever (a stop waiting on it, or an event loop's shutdown); each
+    calls this where it catches an error and once a round."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from error
 
 
 def _more_behind(message: Msg) -> bool:

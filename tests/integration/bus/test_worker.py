@@ -7,6 +7,7 @@ worker that lost its lease cannot commit for the partition (the fence)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -15,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from nats.errors import ConnectionClosedError
+from nats.js import JetStreamContext
 from sqlalchemy import select
 
 from app.bus.jetstream import STREAM, open_bus
@@ -506,3 +509,59 @@ async def test_a_stream_whose_readings_wait_in_the_worker_s_backlog_is_not_stale
             await until(lambda: len(stale_alarms()) == 1, "the silent stream's stale alarm")
     finally:
         await api.close()
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize("lost_as", ["error", "result"])
+async def test_a_worker_stops_when_a_cancellation_is_lost_on_its_way(
+    nats: NatsServer,
+    database: Database,
+    models_dir: Path,
+    tmp_path: Path,
+    monkeypatch: Any,
+    lost_as: str,
+) -> None:
+    """A cancellation can be lost inside the client: nats-py answers one that finds its
+    connection closed with its own ConnectionClosedError ("error"), and Python 3.11's
+    `asyncio.wait_for` returns a result that meets one instead of raising it ("result"). A
+    partition's loop went on fetching for ever, so the worker's stop, or the event loop's
+    shutdown after a failed test, never ended (the suite hung). Here every fetch loses its
+    cancellation so: the stop still ends, with the partitions given back."""
+    cancelled_fetches: list[int] = []
+    released = asyncio.Event()  # set: fetches end as asked (so a failure here cannot hang)
+
+    async def fetch(self: Any, batch: int = 1, timeout: float | None = 5.0, **_: Any) -> Any:
+        try:
+            await released.wait()
+        except asyncio.CancelledError:
+            if released.is_set():
+                raise
+            cancelled_fetches.append(1)
+            if lost_as == "error":
+                raise ConnectionClosedError from None
+            return []
+        raise asyncio.CancelledError
+
+    monkeypatch.setattr(JetStreamContext.PullSubscription, "fetch", fetch)
+    engine = engine_for(database, models_dir, tmp_path)
+    bus = await open_bus(nats.url, name="worker", partitions=PARTITIONS, lease_s=LEASE_S)
+    worker = Worker(engine, bus, "worker")
+    stop = asyncio.Event()
+    task = asyncio.create_task(worker.run(stop))
+    try:
+        await until(lambda: len(worker.leases.held) == PARTITIONS, "the worker took them")
+        await until(lambda: len(worker.tasks) == PARTITIONS, "a task for each partition")
+        await asyncio.sleep(0.5)  # (each in its fetch)
+        stop.set()
+        done, _ = await asyncio.wait({task}, timeout=WAIT_S)
+        assert done, "the worker did not stop"
+        task.result()
+        assert cancelled_fetches, "no fetch was cancelled"
+        assert not worker.leases.held
+    finally:
+        released.set()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(task, timeout=WAIT_S)
+        await bus.close()
