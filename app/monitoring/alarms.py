@@ -20,6 +20,7 @@ blocks, and a block in which an idle rule sees no exceedance costs nothing.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -89,7 +90,7 @@ class AlarmEvent:
         }
 
 
-@dataclass
+@dataclass(slots=True)
 class OpenAlarm:
     start: int  # sample of the reading that opened it
     peak: float
@@ -98,7 +99,7 @@ class OpenAlarm:
     detail: tuple[float, ...] | None = None  # per channel, at the peak
 
 
-@dataclass
+@dataclass(slots=True)
 class RuleState:
     """One stream's state of one detector's rule. Ordinals count the readings with a statistic
     since the rule was last idle (the first exceedance after idling is ordinal 0)."""
@@ -117,7 +118,7 @@ class RuleState:
         return RuleState(
             self.seen,
             list(self.recent),
-            None if event is None else OpenAlarm(**vars(event)),
+            None if event is None else copy.copy(event),
         )
 
     def to_json(self) -> dict[str, Any]:

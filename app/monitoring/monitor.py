@@ -247,7 +247,7 @@ def build_detector(config: DetectorConfig) -> Detector:
 # --- state and results --------------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(slots=True)
 class MonitorState:
     """One stream's monitor: every detector's floats side by side, and each rule's state."""
 

@@ -151,7 +151,7 @@ class Restoring:
         return f"restoring: {self.done:,} of {self.total:,} (a stream asked for is restored first)"
 
 
-@dataclass
+@dataclass(slots=True)
 class LiveStream:
     """A stream as it is held between requests."""
 
@@ -181,7 +181,7 @@ class LiveStream:
         return "learning" if self.learning is not None else "monitoring"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Slot:
     """A known stream's lock, and its live state once restored."""
 

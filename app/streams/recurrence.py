@@ -50,7 +50,7 @@ DEFAULT_MAX_GAP = 10
 FloatArray = np.ndarray
 
 
-@dataclass
+@dataclass(slots=True)
 class StreamState:
     """Everything one stream carries from one reading to the next; its size never grows."""
 
@@ -111,7 +111,10 @@ def _sized(array: FloatArray, shape: tuple[int, ...], what: str) -> FloatArray:
         raise DataError(f"stream state: {what} must be {shape} numbers")
     if np.isinf(array).any():
         raise DataError(f"stream state: {what} must be finite")
-    return np.asarray(array, dtype=np.float64).reshape(shape)
+    if array.shape == shape and array.dtype == np.float64 and array.base is None:
+        return array
+    # (a copy: a view would be one more object, and hold its base, for the stream's life)
+    return np.array(np.reshape(array, shape), dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -342,7 +345,7 @@ class Recurrence:
             since_imputed=since_imputed,
             missing_run=parts.missing_run,
             history=_sized(parts.history, (forecaster.context, self.channels), "history"),
-            carry=carry.astype(np.float32),
+            carry=carry.astype(np.float32, copy=False),
             pending=_sized(parts.pending, (forecaster.outputs,), "pending"),
             monitor=monitor,
             latest=latest,

@@ -23,6 +23,7 @@ _RULE = struct.Struct("<qHB")  # seen, recent exceedances, whether an alarm is o
 _OPEN = struct.Struct("<qdqqH")  # start, peak, last, last_sample, detail's length (or NONE)
 _NO_DETAIL = 0xFFFF
 _FLOAT, _SINGLE, _INT = np.dtype("<f8"), np.dtype("<f4"), np.dtype("<i8")
+_NATIVE = {dtype: dtype.newbyteorder("=") for dtype in (_FLOAT, _SINGLE, _INT)}
 
 
 @dataclass
@@ -174,6 +175,9 @@ class _Reader:
         return layout.unpack(self.take(layout.size))
 
     def array(self, dtype: np.dtype[Any], count: int) -> np.ndarray:
+        # An array of its own, in the machine's byte order: a view would keep the whole
+        # checkpoint alive, and a dtype made per array (`newbyteorder`) is one more object a
+        # stream holds for as long as it lives.
         return np.frombuffer(self.take(count * dtype.itemsize), dtype=dtype).astype(
-            dtype.newbyteorder("="), copy=True
+            _NATIVE[dtype], copy=True
         )
