@@ -77,8 +77,10 @@ CLEAR = 0.6
 """An open alarm counts a reading as back to normal only once its statistic is below 60 % of the
 way from where it rests in normal operation up to its threshold (hysteresis, as a thermostat or
 a protection relay has): a fault whose statistic hovers about its threshold stays one alarm,
-instead of one alarm each time it crosses. The rolling RMS, whose resting level is the channel's
-noise, closes on its threshold. Chosen across the plant, spacecraft, pump and synthetic sets
+instead of one alarm each time it crosses. The rolling RMS rests where the channel's noise puts
+it: its resting level is the median of its learning windows' RMS (the highest among the
+channels, as a share of their thresholds), so it never has to fall below where normal noise
+sits to close. Chosen across the plant, spacecraft, pump and synthetic sets
 together, never per set."""
 RMS_SMALLEST_RISE = math.sqrt(2.0)
 """The rolling RMS alarms on no less than a doubling of the residual variance: real noise
@@ -236,6 +238,7 @@ def detectors_for(
         return min(LEAST_SURPRISE * window, share / watched * window / readings_per_day)
 
     point_gains, shift_gains, rms_gains, floor_gains = [], [], [], []
+    rms_resting: list[float] = []  # where each channel's RMS times its gain sits while learning
     for c, scale in enumerate(scales):
         r = residuals[:, c]
         s = scale.scale
@@ -272,6 +275,8 @@ def detectors_for(
             math.sqrt(1 + float(stats.norm.isf(rate)) * math.sqrt(2 * factor / RMS_WINDOW)),
         )
         rms_gains.append(1.0 / _highest(rms, prior, rate, s * 0.1))
+        if np.isfinite(rms).any():
+            rms_resting.append(float(np.nanmedian(rms)) * rms_gains[-1])
 
         floor_gains.append(_frozen_gain(values[:, c]))
 
@@ -281,7 +286,16 @@ def detectors_for(
         ShiftConfig(threshold=1.0, window=SHIFT_WINDOW, gains=shift_gains),
     ]
     if with_rms:
-        detectors.append(RollingRMSConfig(threshold=1.0, window=RMS_WINDOW, gains=rms_gains))
+        # The hysteresis of all channels from the highest resting level among them.
+        resting = max(rms_resting, default=None)
+        detectors.append(
+            RollingRMSConfig(
+                threshold=1.0,
+                window=RMS_WINDOW,
+                gains=rms_gains,
+                resting=resting if resting is not None and resting < 1.0 else None,
+            )
+        )
     if count >= WINDOWS_TO_CHARACTERISE * FLOOR_WINDOW / 2 and any(floor_gains):
         detectors.append(FrozenConfig(threshold=1.0, window=FLOOR_WINDOW, gains=floor_gains))
     joint = _mahalanobis(residuals, scales, budget_rate(1, 1)) if channels > 1 else None

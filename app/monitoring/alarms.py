@@ -51,8 +51,9 @@ class AlarmPolicy(BaseModel):
         description="A reading of an open alarm counts as back inside only once its statistic "
         "is within this share of the way from where it rests in normal operation to the "
         "threshold (for detectors whose resting value is known: the point, shift, level, CUSUM "
-        "and Mahalanobis statistics): 1 closes on the threshold itself, less keeps a fault "
-        "whose statistic hovers about its threshold one alarm.",
+        "and Mahalanobis statistics, and a learned stream's rolling RMS): 1 closes on the "
+        "threshold itself, less keeps a fault whose statistic hovers about its threshold one "
+        "alarm.",
     )
 
     @model_validator(mode="after")

@@ -194,6 +194,20 @@ class RollingRMSDetector(RollingDetector):
     kind = "rolling_rms"
     default_window = 50
 
+    def __init__(
+        self, *, threshold: float, window: int | None = None, resting: float | None = None
+    ) -> None:
+        super().__init__(threshold=threshold, window=window)
+        if resting is not None and not (math.isfinite(resting) and 0 <= resting < threshold):
+            raise ValueError(f"rolling_rms: resting must lie in [0, threshold), got {resting}")
+        self._resting = resting
+
+    @property
+    def resting(self) -> float | None:
+        """Where the RMS rests is the channel's noise, in its own units: known only when its
+        configuration says (a learned stream's says at most where, see app/learning)."""
+        return self._resting
+
     @staticmethod
     def prepare(inputs: FloatArray) -> FloatArray:
         squares: FloatArray = inputs * inputs

@@ -27,7 +27,15 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
 
 from app.errors import ArtifactError, DataError
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule, RuleState
@@ -91,6 +99,31 @@ class PointConfig(_DetectorConfig):
 class RollingRMSConfig(_DetectorConfig):
     kind: Literal["rolling_rms"] = "rolling_rms"
     window: int = Field(default=50, ge=2)
+    resting: float | None = Field(
+        default=None,
+        ge=0,
+        allow_inf_nan=False,
+        description="Where the RMS (times its gain) stays in normal operation, or above it: an "
+        "open alarm's hysteresis (the alarm policy's `clear`) is measured from there. None: the "
+        "alarm closes on the threshold itself.",
+    )
+
+    @model_validator(mode="after")
+    def _rests_below_threshold(self) -> RollingRMSConfig:
+        if self.resting is not None and self.resting >= self.threshold:
+            raise ValueError(
+                f"resting ({self.resting}) must be below the threshold ({self.threshold})"
+            )
+        return self
+
+    @model_serializer(mode="wrap")
+    def _rest_when_known(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Written only when known: a configuration without it reads as it did in releases
+        that had no such field (they refuse a field they do not know, even a null one)."""
+        data: dict[str, Any] = handler(self)
+        if self.resting is None:
+            data.pop("resting", None)
+        return data
 
 
 class VarianceFloorConfig(_DetectorConfig):
@@ -224,7 +257,7 @@ def build_detector(config: DetectorConfig) -> Detector:
     if isinstance(config, PointConfig):
         return PointDetector(threshold=threshold)
     if isinstance(config, RollingRMSConfig):
-        return RollingRMSDetector(threshold=threshold, window=config.window)
+        return RollingRMSDetector(threshold=threshold, window=config.window, resting=config.resting)
     if isinstance(config, VarianceFloorConfig):
         return VarianceFloorDetector(threshold=threshold, window=config.window)
     if isinstance(config, FrozenConfig):

@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
+from pydantic import ValidationError
 from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
@@ -32,7 +33,7 @@ from app import catalogue
 from app.errors import ArtifactError, ConflictError, DataError, NotFoundError
 from app.learning.adapt import next_revision
 from app.learning.learn import LearnedModel
-from app.monitoring.alarms import AlarmEvent, AlarmPolicy
+from app.monitoring.alarms import AlarmEvent
 from app.monitoring.monitor import MISSING_READINGS, MonitorConfig
 from app.registry import AUTO, ModelRegistry, RegisteredModel, learned_name
 from app.storage.artifact_store import ArtifactStore
@@ -123,9 +124,18 @@ def with_overrides(base: MonitorConfig, overrides: dict[str, Any]) -> MonitorCon
         update: dict[str, Any] = {}
         if override.get("threshold") is not None:
             update["threshold"] = float(override["threshold"])
+            resting = getattr(detector, "resting", None)
+            if resting is not None and resting >= update["threshold"]:
+                update["resting"] = None  # (a threshold below the rest closes on itself)
         if override.get("policy") is not None:
-            update["alarm"] = AlarmPolicy.model_validate(override["policy"])
-        detectors.append(detector.model_copy(update=update))
+            update["alarm"] = override["policy"]
+        if not update:
+            detectors.append(detector)
+            continue
+        try:  # (validated as a whole: a copy with an update is not)
+            detectors.append(type(detector).model_validate(detector.model_dump() | update))
+        except ValidationError as exc:
+            raise DataError(f"detector {detector.kind}: {exc.errors()[0]['msg']}") from None
     if not detectors:
         raise DataError("every detector is disabled: the stream would never alarm")
     return base.model_copy(update={"detectors": detectors})

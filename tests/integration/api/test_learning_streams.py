@@ -391,3 +391,31 @@ def test_alarms_the_switch_to_a_learned_model_raises_are_active_on_metrics(
     exported = client.get("/metrics").text
     for detector in opened:
         assert f'twinwatch_alarm_active{{detector="{detector}",stream="m"}} 1.0' in exported
+
+
+def test_a_rolling_rms_threshold_below_its_learned_rest_is_taken_and_closes_on_itself(
+    make_client: AppFactory,
+) -> None:
+    """A learned rolling RMS rests somewhere below its threshold (its hysteresis starts there):
+    a threshold asked below that rest, before the stream learned or after, is taken as asked,
+    and the detector closes on its threshold, as an unlearned one does."""
+    client = make_client(default_model="auto")
+    lower = {"detectors": {"rolling_rms": {"threshold": 0.2}}}
+    values = 5 + np.random.default_rng(7).normal(0, 1, 1300)
+    rows = [{"t": START + i, "value": float(v)} for i, v in enumerate(values)]
+    for stream, before_learning in (("early", True), ("late", False)):
+        body: dict[str, Any] = {"learning": {"readings": 1100}}
+        assert client.put(f"/v1/streams/{stream}", json=body | (lower if before_learning else {}))
+        posted = client.post(f"/v1/streams/{stream}/readings", json={"readings": rows[:1100]})
+        assert posted.status_code == 200
+        wait_for(lambda s=stream: client.get(f"/v1/streams/{s}").json()["phase"] == "monitoring")
+        learned = client.get(f"/v1/models/auto.{stream}").json()
+        assert learned["versions"][0]["status"] == "active"
+        if not before_learning:
+            changed = client.put(f"/v1/streams/{stream}", json=lower)
+            assert changed.status_code == 200, changed.text
+        posted = client.post(f"/v1/streams/{stream}/readings", json={"readings": rows[1100:]})
+        assert posted.status_code == 200, posted.text
+        live = client.get(f"/v1/streams/{stream}").json()
+        assert live["phase"] == "monitoring" and live["samples_seen"] == 1300
+        assert live["live"]["detectors"]["rolling_rms"]["threshold"] == 0.2

@@ -9,6 +9,7 @@ import pytest
 from app.errors import DataError
 from app.forecasting.lagged import fit_channel
 from app.learning.learn import LearnedModel, learn, sample_period, seasonal_periods
+from app.streams.learning import monitor_revising
 from app.streams.recurrence import Readings
 
 
@@ -59,3 +60,20 @@ def test_too_little_to_learn_from_is_refused() -> None:
     values = np.column_stack([np.arange(200.0), np.full(200, np.nan)])
     with pytest.raises(DataError, match="channel 1 has no number"):
         learn(micros(np.arange(200.0)), values)
+
+
+def test_a_learned_rolling_rms_rests_where_the_noise_puts_it_and_closes_after_a_burst() -> None:
+    """Its resting level is measured while learning, below its threshold, so that an alarm
+    whose energy hovers about the threshold stays one; and a burst of energy still closes
+    once it has passed."""
+    rng = np.random.default_rng(4)
+    values = 5 + rng.standard_t(5, size=6000)
+    values[3000:3300] = 5 + 3 * rng.standard_normal(300)  # a machine running rough
+    times = micros(np.arange(6000.0))
+    learned = learn(times[:2000], values[:2000])
+    (rms,) = [d for d in learned.monitor.detectors if d.kind == "rolling_rms"]
+    assert rms.resting is not None and 0.3 < rms.resting < 1.0
+    events, _ = monitor_revising(learned, Readings.of_one(times, values), learned_from=2000)
+    bursts = [e for e in events if e.detector == "rolling_rms"]
+    assert len(bursts) == 1 and 3000 <= bursts[0].start < 3050
+    assert bursts[0].cleared_at is not None and bursts[0].cleared_at < 3300 + 100

@@ -281,3 +281,38 @@ def test_wrong_number_of_channels_is_refused() -> None:
     monitor = Monitor(config(1))
     with pytest.raises(DataError, match="watches 1"):
         run(monitor, monitor.new_state(), np.zeros((3, 2)))
+
+
+def test_a_rolling_rms_hovering_about_its_threshold_is_one_alarm_once_it_knows_its_rest() -> None:
+    """Noise whose energy sits about the threshold: closing on the threshold itself opens an
+    alarm each time it crosses; measured from where the RMS rests, one alarm, closed once the
+    energy is back down."""
+    rng = np.random.default_rng(3)
+    quiet = rng.standard_normal(200)
+    rough = 1.35 * rng.standard_normal(600)  # the RMS of 50 hovers about the threshold
+    residuals = np.concatenate([quiet, rough, quiet])
+    counts = {}
+    for resting in (None, 0.8):
+        detector = RollingRMSConfig(threshold=1.25, window=50, resting=resting)
+        monitor = Monitor(
+            MonitorConfig(
+                channels=1, alarm=AlarmPolicy(k=1, n=1, m=5, clear=0.6), detectors=[detector]
+            )
+        )
+        state = monitor.new_state()
+        _, opened, closed = run(monitor, state, residuals)
+        counts[resting] = len(opened)
+        assert monitor.open_events(state) == []  # closed once the energy is back
+        assert all(e.cleared_at is not None and e.cleared_at < 1000 for e in closed)
+    assert counts[None] > 1 and counts[0.8] == 1, counts
+
+
+def test_a_rolling_rms_rest_lies_below_its_threshold_and_is_written_only_when_known() -> None:
+    # (earlier releases refuse a field they do not know, even a null one)
+    assert "resting" not in RollingRMSConfig(threshold=1.0).model_dump()
+    assert "resting" not in json.loads(RollingRMSConfig(threshold=1.0).model_dump_json())
+    assert RollingRMSConfig(threshold=1.0, resting=0.5).model_dump()["resting"] == 0.5
+    with pytest.raises(ValueError, match="below the threshold"):
+        RollingRMSConfig(threshold=1.0, resting=1.0)
+    with pytest.raises(ValueError):
+        RollingRMSConfig(threshold=1.0, resting=-0.1)
