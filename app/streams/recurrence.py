@@ -345,7 +345,7 @@ class Recurrence:
             since_imputed=since_imputed,
             missing_run=parts.missing_run,
             history=_sized(parts.history, (forecaster.context, self.channels), "history"),
-            carry=carry.astype(np.float32, copy=False),
+            carry=carry.astype(np.float32),
             pending=_sized(parts.pending, (forecaster.outputs,), "pending"),
             monitor=monitor,
             latest=latest,
