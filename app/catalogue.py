@@ -163,7 +163,7 @@ def store_learned(store: ArtifactStore | None, learned: LearnedModel) -> str:
         raise ArtifactError("no artifact store: the versions streams learn cannot be kept")
     data = json.dumps(learned.to_json(), sort_keys=True).encode()
     sha = hashlib.sha256(data).hexdigest()
-    if not store.has(sha):
+    if not store.reuse(sha):
         scratch = Path(tempfile.mkdtemp(prefix="twinwatch-learned-"))
         try:
             (scratch / LEARNED_FILE).write_bytes(data)
@@ -314,6 +314,48 @@ def revision(
     )
     stream.model_version = row.version
     return row
+
+
+RETIRED_KEPT = 10
+"""Versions of a stream's learned models kept once they no longer run, the newest first: its
+threshold revisions and relearnings would otherwise pile up for ever."""
+
+
+def prune(session: Session, name: str, *, kept: int, keep: set[int]) -> list[str]:
+    """Delete the retired versions of `name` beyond the newest `kept` (never those in `keep`:
+    a rollback's target), in `session`'s transaction. Returns the artifacts no version refers
+    to any more: the caller removes them once the transaction has committed."""
+    retired = [
+        row
+        for row in reversed(version_repo.list_for(session, name))
+        if row.status == "retired" and row.version not in keep
+    ]
+    doomed = retired[kept:]
+    if not doomed:
+        return []
+    for row in doomed:
+        session.delete(row)
+    session.flush()
+    shas = {row.artifact_sha256 for row in doomed}
+    return sorted(shas - version_repo.artifacts_in_use(session, shas))
+
+
+ORPHAN_AGE_S = 3600.0
+"""An artifact is put in the store moments before the version that names it is committed (by a
+job, or a model loaded at start-up, in any service sharing the store); one that nothing names
+an hour later never will be: a job that failed or was cancelled after storing it."""
+
+
+def orphans(database: Database, store: ArtifactStore, *, batch: int = 1000) -> list[str]:
+    """The stored artifacts no version and no loaded model refers to, older than
+    `ORPHAN_AGE_S`: the caller removes them."""
+    found: list[str] = []
+    shas = list(store.older_than(ORPHAN_AGE_S))
+    for start in range(0, len(shas), batch):
+        chunk = set(shas[start : start + batch])
+        with database.session() as session:
+            found += sorted(chunk - version_repo.artifacts_in_use(session, chunk))
+    return found
 
 
 def activate(session: Session, row: ModelVersion) -> None:

@@ -7,6 +7,7 @@ records them in the models table and yields the typed `AppState` that requests r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 import time
@@ -14,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import TypedDict
 
 import anyio
@@ -26,11 +28,15 @@ from app.api.deps import AppState, DocumentsAccessMiddleware
 from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
 from app.bus.jetstream import open_bus, worker_name
+from app.bus.publisher import BusAwayError, batches_of, store_all
 from app.catalogue import register_models
+from app.errors import UnavailableError
 from app.forecasting.training import use_one_thread
 from app.jobs.runner import JobRunner
 from app.logs import RequestIdMiddleware
 from app.metrics import Metrics
+from app.mqtt.payloads import Items
+from app.mqtt.subscriber import Commit, MqttIngest
 from app.registry import (
     AUTO,
     ArtifactLoader,
@@ -40,6 +46,7 @@ from app.registry import (
     model_directories,
 )
 from app.schemas import Problem
+from app.service.readings import check_size, commit_readings
 from app.settings import Settings
 from app.storage import migrations
 from app.storage.artifact_store import ArtifactStore
@@ -47,7 +54,7 @@ from app.storage.db import Database
 from app.storage.repositories import incidents as incident_repo
 from app.storage.repositories import streams as stream_repo
 from app.storage.repositories.alarms import Applied
-from app.streams.learning import Learner
+from app.streams.learner import Learner
 from app.streams.live import LiveStreams, Restoring
 from app.streams.stale import StaleWatch
 from app.web import pages
@@ -104,6 +111,9 @@ def open_engine(
             retention=None if retention is None else timedelta(days=retention),
             store=store,
             follower=follower,
+            # (on the bus, not yet: a worker's streams cannot be switched by the job runner)
+            relearning=settings.relearning and settings.bus_url is None,
+            retired_kept=settings.retired_versions_kept,
         )
         learner = Learner(
             streams,
@@ -126,7 +136,12 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         # Before the streams resume: it fails the jobs a stopped service left running, and a
         # resumed stream may start a fit (a job) at once.
         runner = JobRunner(engine.database, settings)
+        runner.on_finished = engine.learner.job_finished
+        engine.learner.wake_jobs = runner.wake
         runner.start()
+        scheduled = engine.streams.schedule_relearning()
+        if scheduled:
+            log.info("%d learned stream(s) given a relearning schedule", scheduled)
     except BaseException:
         engine.database.dispose()
         raise
@@ -227,6 +242,41 @@ def resume_behind(state: AppState) -> threading.Thread:
     return thread
 
 
+def mqtt_ingest(
+    state: AppState, watch: StaleWatch | None, loop: asyncio.AbstractEventLoop
+) -> MqttIngest:
+    """The MQTT subscriber, committing what it takes as a request does: ingested here, or
+    stored on the bus for its workers."""
+    settings = state.settings
+    assert settings.mqtt_url is not None
+    bus = state.bus
+    commit: Commit
+    if bus is None:
+        commit = partial(commit_readings, settings, state.database, state.streams, state.metrics)
+    else:
+
+        def commit(items: Items, _count_refused: bool) -> object:
+            check_size(settings, items)
+            stored = asyncio.run_coroutine_threadsafe(store_all(bus, batches_of(items)), loop)
+            try:
+                stored.result(timeout=settings.bus_wait_s)
+            except (BusAwayError, TimeoutError) as exc:
+                stored.cancel()
+                raise UnavailableError(f"the bus did not store the readings ({exc})") from None
+            return None
+
+    return MqttIngest(
+        settings.mqtt_url,
+        settings.mqtt_topics,
+        commit,
+        client_id=settings.mqtt_client_id,
+        max_bytes=settings.max_body_bytes,
+        max_batch=settings.max_batch,
+        registry=state.metrics.registry,
+        gone=None if watch is None else watch.declare,
+    )
+
+
 def create_app(
     settings: Settings | None = None,
     *,
@@ -266,11 +316,17 @@ def create_app(
                 min_s=settings.stale_min_s,
             )
             watch.start()
+        subscriber = None
+        if settings.mqtt_url is not None:
+            subscriber = mqtt_ingest(state, watch, asyncio.get_running_loop())
+            subscriber.start()
         try:
             if after_startup is not None:
                 after_startup()
             yield {"twinwatch": state}
         finally:
+            if subscriber is not None:
+                await anyio.to_thread.run_sync(subscriber.stop)
             if watch is not None:
                 await anyio.to_thread.run_sync(watch.stop)
             if restore is not None:

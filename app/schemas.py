@@ -161,15 +161,44 @@ class DetectorOverride(_Body):
     policy: AlarmPolicy | None = Field(None, description="k-of-n to open, m quiet to close.")
 
 
+class RelearnConfig(_Body):
+    """When a learned stream learns again on its stored history, and how long the candidate
+    shadows it before it is promoted or discarded."""
+
+    after_s: list[PositiveSeconds] = Field(
+        default_factory=lambda: [86_400.0, 604_800.0],
+        max_length=20,
+        description="Learn again once the stream's readings span each of these many seconds "
+        "(by default a day and a week).",
+    )
+    every_s: PositiveSeconds | None = Field(
+        604_800.0, description="Then again every this many seconds (a week; null: no more)."
+    )
+    proving_s: PositiveSeconds = Field(
+        86_400.0,
+        description="Seconds of readings the candidate runs beside the stream's model before "
+        "it takes over, only if its forecast error is clearly lower and it raised no more "
+        "incidents (a day).",
+    )
+
+
 class LearningConfig(_Body):
     """How long a stream of model "auto" learns before it monitors: a number of readings or a
-    duration (whichever is given; neither: 1,000 readings)."""
+    duration (whichever is given; neither: 1,000 readings); and when it learns again."""
 
     readings: Count | None = Field(
         None, ge=100, le=10_000_000, description="Learn from this many first readings."
     )
     duration_s: PositiveSeconds | None = Field(
         None, description="Learn from the readings of this many seconds (at least 100)."
+    )
+
+    relearn: RelearnConfig | Literal[False] | None = Field(
+        None,
+        description="When it learns again on its history, the candidate proven before it "
+        "takes over (omitted: after a day and a week of readings, then weekly, each candidate "
+        "proven for a day); false: never. The service's TWINWATCH_RELEARNING=false turns it "
+        "off for every stream.",
     )
 
     @model_validator(mode="after")
@@ -180,9 +209,14 @@ class LearningConfig(_Body):
 
     def as_json(self) -> dict[str, Any]:
         if self.duration_s is not None:
-            return {"duration_s": self.duration_s}
-        readings = self.readings if self.readings is not None else DEFAULT_LEARNING_READINGS
-        return {"readings": readings}
+            plan: dict[str, Any] = {"duration_s": self.duration_s}
+        else:
+            plan = {"readings": self.readings or DEFAULT_LEARNING_READINGS}
+        if self.relearn is False:
+            plan["relearn"] = False
+        elif self.relearn is not None:
+            plan["relearn"] = self.relearn.model_dump(mode="json")
+        return plan
 
 
 class StreamConfig(_Body):
@@ -458,6 +492,29 @@ class ChannelModelOut(BaseModel):
     linear_rmse: float | None = Field(None, description="That linear model's error there.")
 
 
+class ProvingOut(BaseModel):
+    name: str
+    version: int = Field(description="The relearned candidate shadowing the stream.")
+    from_sample: int = Field(description="The first reading it saw.")
+    decide_at: datetime | None = Field(
+        description="When (on the readings' clock) its proving period ends and it is promoted "
+        "or discarded."
+    )
+
+
+class RelearningOut(BaseModel):
+    next_at: datetime | None = Field(
+        description="When (on the readings' clock) it learns again on its history; null: never "
+        "(its learning.relearn is false, or the service's TWINWATCH_RELEARNING)."
+    )
+    proving: ProvingOut | None = Field(description="The candidate proving itself, if any.")
+    last: dict[str, Any] | None = Field(
+        description="The last relearning or proof (a job): its id, kind and phase, why it "
+        "failed (a relearning refused on a slow fault says so), or a proof's figures: both "
+        "models' forecast error and incidents over the proving readings, and the verdict."
+    )
+
+
 class LearnedModelOut(BaseModel):
     learned_from: int = Field(description="Readings it learned from; monitoring starts after.")
     fitted_at: datetime
@@ -472,6 +529,9 @@ class LearnedModelOut(BaseModel):
     revisions: int = Field(0, description="Times its thresholds were fitted again since.")
     thresholds_from: int | None = Field(
         None, description="The sample its current thresholds apply from."
+    )
+    relearning: RelearningOut | None = Field(
+        None, description="How it keeps learning: its next relearning, a candidate's proof."
     )
 
 
@@ -491,6 +551,11 @@ class StreamOut(BaseModel):
         None,
         description="What it ran before its last switch (a rollback's target; shown by GET "
         "/v1/streams/{id} and the switch's answer); null if it never switched.",
+    )
+    switch_reason: str | None = Field(
+        None,
+        description="Why its last switch was made: a relearned candidate's proof (its figures); "
+        "null for one asked for (a promotion, a rollback).",
     )
     has_reference: bool
     phase: Literal["learning", "monitoring"] = "monitoring"
@@ -999,9 +1064,11 @@ class JobOut(BaseModel):
 
     id: int
     stream: str
-    kind: Literal["retrain", "recalibrate", "learn", "revise"] = Field(
+    kind: Literal["retrain", "recalibrate", "learn", "revise", "relearn", "prove"] = Field(
         description="Asked for: `retrain`, `recalibrate`. A learning stream's own: its first "
-        "fit (`learn`) and each revision of its thresholds (`revise`)."
+        "fit (`learn`), each revision of its thresholds (`revise`), each time it learns again "
+        "on its history (`relearn`, which makes a candidate) and each candidate's proof "
+        "(`prove`: its result holds both models' figures and the verdict)."
     )
     params: dict[str, Any]
     phase: Literal["queued", "running", "succeeded", "failed", "cancelled"]

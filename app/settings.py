@@ -8,9 +8,17 @@ can live in one process.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    Field,
+    SecretStr,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from app.errors import AppError
@@ -49,6 +57,25 @@ class Settings(BaseSettings):
         description="Learning streams of one channel with at least 10,000 learning readings "
         "also train a stateful LSTM (needs torch: the train extra) and use it when it "
         "forecasts clearly better. Off by default: see the README on what it costs.",
+    )
+    relearning: bool = Field(
+        True,
+        description="Learned streams learn again on their stored history (after a day and a "
+        "week of readings, then weekly, unless a stream says otherwise), and a candidate takes "
+        "over only once it has proved better on the readings that follow.",
+    )
+    relearning_lstm: bool = Field(
+        True,
+        description="A relearning of a stream of one channel with at least 10,000 readings "
+        "of history also trains the stateful LSTM (in the job's own process, when torch is "
+        "installed) and keeps it if it forecasts clearly better.",
+    )
+    retired_versions_kept: int = Field(
+        10,
+        ge=0,
+        description="Versions of a stream's learned models kept once they no longer run "
+        "(threshold revisions, relearnings), the newest first; older ones and their artifacts "
+        "are removed (a rollback's target is always kept).",
     )
     api_token: SecretStr | None = Field(
         None, description="When set, write endpoints require `Authorization: Bearer <token>`."
@@ -95,6 +122,26 @@ class Settings(BaseSettings):
         le=300,
         description="How long a POST of readings waits for the committing worker's answer on "
         "the bus before it answers 503 (the batch stays stored: safe to re-send).",
+    )
+    mqtt_url: str | None = Field(
+        None,
+        description="mqtt://[user:password@]host:1883 of an MQTT broker: the service subscribes "
+        "to TWINWATCH_MQTT_TOPICS and takes the readings published there (README: MQTT). "
+        "Empty: no MQTT.",
+    )
+    mqtt_topics: list[Annotated[str, StringConstraints(min_length=1, max_length=1024)]] = Field(
+        ["twinwatch/#", "spBv1.0/#"],
+        min_length=1,
+        description="Topic filters subscribed to (QoS 1), as a JSON list: plain JSON readings "
+        "under any topic, Sparkplug B under spBv1.0/.",
+    )
+    mqtt_client_id: str = Field(
+        "twinwatch",
+        min_length=1,
+        max_length=64,
+        description="The service's MQTT client id: the broker keeps its session (its "
+        "subscription, and what arrives while the service is away) under it. Two services on "
+        "one broker need two ids.",
     )
     max_batch: int = Field(
         10_000,
@@ -165,10 +212,19 @@ class Settings(BaseSettings):
     def _lower_case(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("api_token", "read_token", "bus_url", mode="before")
+    @field_validator("api_token", "read_token", "bus_url", "mqtt_url", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         return None if value == "" else value
+
+    @field_validator("mqtt_url")
+    @classmethod
+    def _mqtt_broker(cls, value: str | None) -> str | None:
+        if value is not None:
+            parts = urlsplit(value)
+            if parts.scheme not in ("mqtt", "tcp") or not parts.hostname:
+                raise ValueError(f"{value!r} is not an MQTT broker: give mqtt://host:1883")
+        return value
 
     @field_validator("api_token", "read_token")
     @classmethod

@@ -21,10 +21,10 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from app.api.readings import new_readings
 from app.main import create_app
 from app.schemas import ReadingIn
 from app.series import read_csv
+from app.service.readings import new_readings
 from app.settings import Settings
 from app.streams.ingest import ingest
 

@@ -30,7 +30,7 @@ from app.settings import Settings
 from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
 from app.storage.repositories import model_versions as version_repo
-from app.streams.learning import Learner
+from app.streams.learner import Learner
 from app.streams.live import LiveStreams, Restoring, Target
 
 

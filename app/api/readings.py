@@ -7,7 +7,6 @@ blocks the event loop. The request's session is the transaction: a 2xx answer me
 from __future__ import annotations
 
 import json
-import math
 import time
 from functools import partial
 from typing import Any
@@ -22,19 +21,14 @@ from app.api.bodies import ManyReadingsBody, ReadingsBody, json_body_openapi
 from app.api.deps import AppState, ReadAccess, SessionDep, SingleQueryValues, StateDep, WriteAccess
 from app.api.queries import TakenSinceQuery, TakenUntilQuery
 from app.api.streams import StreamIdPath
-from app.bus.publisher import Batch, BusAwayError, NotAnsweredError, store_all, submit_all
+from app.bus.publisher import BusAwayError, NotAnsweredError, batches_of, store_all, submit_all
 from app.errors import (
-    AppError,
     ConflictError,
     DataError,
     ForwardedError,
-    NotFoundError,
-    PayloadTooLargeError,
     UnavailableError,
 )
-from app.metrics import Metrics
 from app.schemas import (
-    AlarmOut,
     ForecastOut,
     ManyReadingsIn,
     ManyReadingsOut,
@@ -43,21 +37,16 @@ from app.schemas import (
     ReadingsIn,
     ReadingsOut,
     Spread,
-    StreamReadingsIn,
     problem_responses,
 )
-from app.settings import Settings
+from app.service.readings import answer_of, check_size, ingest_request, json_number
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.history import bucketed
-from app.streams.ingest import VALUE, IngestOutcome, NewReadings, ingest
-from app.streams.live import LiveStreams
+from app.streams.ingest import IngestOutcome
+from app.streams.live import MOST_RECOMPUTED
 
 router = APIRouter(prefix="/v1", tags=["readings"], dependencies=[ReadAccess, SingleQueryValues])
-
-
-def _number(value: float) -> float | None:
-    return None if math.isnan(value) else float(value)
 
 
 WaitQuery = Query(
@@ -74,120 +63,6 @@ ResultsQuery = Query(
 )
 
 
-def new_readings(items: list[tuple[str, list[ReadingIn]]]) -> NewReadings:
-    """A request's readings as the arrays ingest takes."""
-    flat = [reading for _, readings in items for reading in readings]
-    named: dict[str, None] = {}
-    for reading in flat:
-        if reading.values is not None:
-            named.update(dict.fromkeys(reading.values))
-    columns: tuple[str | None, ...] = (VALUE, *named)
-    if named:
-        values = np.full((len(flat), len(columns)), np.nan)
-        for row, reading in enumerate(flat):
-            if reading.values is None:
-                values[row, 0] = math.nan if reading.value is None else reading.value
-                continue
-            for column, name in enumerate(columns[1:], start=1):
-                number = reading.values.get(name)  # type: ignore[arg-type]
-                if number is not None:
-                    values[row, column] = number
-    else:  # numpy makes None NaN
-        values = np.array([reading.value for reading in flat], dtype=np.float64).reshape(-1, 1)
-    references = [reading.reference for reading in flat]
-    return NewReadings(
-        streams=[stream_id for stream_id, _ in items],
-        counts=np.array([len(readings) for _, readings in items], dtype=np.int64),
-        times=reading_repo.micros([reading.t for reading in flat]),
-        values=values,
-        columns=columns,
-        references=None
-        if references.count(None) == len(references)
-        else np.array(references, dtype=np.float64),
-    )
-
-
-def answer_of(outcome: IngestOutcome, with_results: bool, **extra: Any) -> dict[str, Any]:
-    """The answer as plain data, in the response model's field order (`ReadingsOut`, then
-    `extra`), serialised once by pydantic-core: byte for byte what the model gives (the API
-    tests check it), without the cost of building a model per reading."""
-    results: list[dict[str, Any]] = []
-    result = outcome.result
-    if result is not None and with_results:
-        names = list(result.statistics)
-        columns = [result.statistics[name].tolist() for name in names]
-        times = [reading_repo.datetime_at(t) for t in outcome.times.tolist()]
-        forecast = result.forecast.tolist()
-        residual = result.residual.tolist()
-        imputed = result.imputed.tolist()
-        for index, t in enumerate(times):
-            results.append(
-                {
-                    "t": t,
-                    "forecast": _number(forecast[index]),
-                    "residual": _number(residual[index]),
-                    "imputed": imputed[index],
-                    "statistics": {
-                        name: _number(column[index])
-                        for name, column in zip(names, columns, strict=True)
-                    },
-                }
-            )
-    return {
-        "accepted": outcome.accepted,
-        "duplicates": outcome.duplicates,
-        "results": results,
-        "opened": [AlarmOut.of(alarm).model_dump() for alarm in outcome.opened],
-        "closed": [AlarmOut.of(alarm).model_dump() for alarm in outcome.closed],
-        **extra,
-    }
-
-
-def ingest_request(
-    settings: Settings,
-    streams: LiveStreams,
-    metrics: Metrics,
-    session: Session,
-    items: list[tuple[str, list[ReadingIn]]],
-    *,
-    count_refused: bool = True,
-) -> list[IngestOutcome]:
-    """Run a request's readings through ingest (an API process's, or a bus worker's for the
-    batches it consumes); count refused readings per stream (unless `count_refused` is False:
-    a worker's attempt of many batches, which it tries again one by one if one is refused)."""
-    try:
-        _check_size(settings, items)
-        return ingest(
-            session, streams, metrics, new_readings(items), max_future_s=settings.max_future_s
-        )
-    except NotFoundError:
-        raise
-    except AppError as exc:
-        reason = exc.extra.get("reason")
-        if isinstance(reason, str) and count_refused:
-            blamed = exc.extra.get("stream")
-            for stream_id, readings in items:
-                if blamed is None or stream_id == blamed:
-                    metrics.reject(stream_id, reason, len(readings))
-        raise
-
-
-def request_size(items: list[tuple[str, list[ReadingIn]]]) -> int:
-    """Readings as `TWINWATCH_MAX_BATCH` counts them: a stream with no reading costs a lookup
-    all the same, so it counts as one."""
-    return sum(max(1, len(readings)) for _, readings in items)
-
-
-def _check_size(settings: Settings, items: list[tuple[str, list[ReadingIn]]]) -> None:
-    count = request_size(items)
-    if count > settings.max_batch:
-        raise PayloadTooLargeError(
-            f"{count} readings in one request (a stream without readings counts as one); "
-            f"at most {settings.max_batch}",
-            reason="too_large",
-        )
-
-
 def on_the_bus(
     state: AppState,
     items: list[tuple[str, list[ReadingIn]]],
@@ -201,17 +76,8 @@ def on_the_bus(
     and (`wait`) the answers of the workers that commit them, as the embedded service would
     have answered."""
     assert state.bus is not None
-    _check_size(state.settings, items)
-    batches = [
-        Batch(
-            stream_id,
-            StreamReadingsIn.model_construct(stream=stream_id, readings=readings)
-            .model_dump_json()
-            .encode(),
-            reading_repo.micros([reading.t for reading in readings]),
-        )
-        for stream_id, readings in items
-    ]
+    check_size(state.settings, items)
+    batches = batches_of(items)
     try:
         if not wait:
             anyio.from_thread.run(store_all, state.bus, batches)
@@ -374,10 +240,6 @@ def get_forecast(
     )
 
 
-MOST_RECOMPUTED = 1_000_000
-"""Readings one `GET .../readings` replays at most: a longer range is asked for in parts."""
-
-
 @router.get(
     "/streams/{stream_id}/readings",
     response_model=ReadingsHistory,
@@ -463,4 +325,4 @@ def get_readings(
 
 
 def _column(values: np.ndarray) -> list[float | None]:
-    return [_number(x) for x in values.tolist()]
+    return [json_number(x) for x in values.tolist()]

@@ -18,7 +18,6 @@ from app.api.deps import (
     WriteAccess,
     utcnow,
 )
-from app.api.readings import MOST_RECOMPUTED
 from app.api.streams import StreamIdPath
 from app.errors import NotFoundError
 from app.monitoring.alarms import AlarmEvent
@@ -26,10 +25,9 @@ from app.monitoring.calibration import SECONDS_PER_DAY
 from app.schemas import Detection, ModelChoice, ShadowOut, ShadowSide, problem_responses
 from app.storage.models import Shadow, Stream
 from app.storage.repositories import model_versions as version_repo
-from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.live import StoredRange
-from app.streams.shadow import Run, run
+from app.streams.shadow import Run
 
 router = APIRouter(
     prefix="/v1/streams", tags=["models"], dependencies=[ReadAccess, SingleQueryValues]
@@ -102,11 +100,8 @@ def compared(state: AppState, session: Session, stream: Stream, shadow: Shadow) 
     `MOST_RECOMPUTED` at most), each warmed on the readings before."""
     model = state.target(session, shadow.model_name, shadow.model_version)
     candidate = state.streams.target_recurrence(stream, model)
-    active, period, version = state.streams.model_of(session, stream)
     running = state.streams.name_of(stream)
-    total = reading_repo.count(session, stream_id=stream.id)  # (not holding the stream)
-    first = max(shadow.from_sample, total - MOST_RECOMPUTED)
-    stored = state.streams.stored_range(session, stream, first, None, most=MOST_RECOMPUTED)
+    both = state.streams.shadowed(session, stream, shadow.from_sample, candidate)
     empty = ShadowOut(
         stream=stream.id,
         started_at=shadow.started_at,
@@ -114,24 +109,21 @@ def compared(state: AppState, session: Session, stream: Stream, shadow: Shadow) 
         readings=0,
         since_t=None,
         until_t=None,
-        active=_side(running, version, None, None, 0.0),
+        active=_side(running, both.version, None, None, 0.0),
         candidate=_side(model.name, model.version, None, None, 0.0),
     )
-    if stored is None or int(stored.readings.counts[0]) <= stored.skip:
+    stored = both.stored
+    if stored is None or both.running is None or both.candidate is None:
         return empty
     times = stored.readings.times
     days = (int(times[-1]) - int(times[stored.skip])) / 1e6 / SECONDS_PER_DAY
-    runs = [
-        run(recurrence, stored.readings, period, start=stored.start, skip=stored.skip)
-        for recurrence in (active, candidate)
-    ]
     return empty.model_copy(
         update={
             "readings": int(stored.readings.counts[0]) - stored.skip,
             "since_t": float(times[stored.skip]) / 1e6,
             "until_t": float(times[-1]) / 1e6,
-            "active": _side(running, version, runs[0], stored, days),
-            "candidate": _side(model.name, model.version, runs[1], stored, days),
+            "active": _side(running, both.version, both.running, stored, days),
+            "candidate": _side(model.name, model.version, both.candidate, stored, days),
         }
     )
 

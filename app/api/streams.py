@@ -45,6 +45,8 @@ from app.schemas import (
     LearningConfig,
     LearningOut,
     ModelChoice,
+    ProvingOut,
+    RelearningOut,
     StreamConfig,
     StreamList,
     StreamLive,
@@ -57,6 +59,7 @@ from app.storage.models import Alarm, Stream
 from app.storage.models import LearnedModel as LearnedModelRow
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import incidents as incident_repo
+from app.storage.repositories import jobs as job_repo
 from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
@@ -184,11 +187,13 @@ def _update(
             stream=stream.id,
         )
     state.streams.reconfigure(session, stream.id)
+    learned = None
     if plan.learning is not None:
-        failed = learned_repo.get(session, stream.id)
-        if failed is not None and failed.model is None:
+        learned = learned_repo.get(session, stream.id)
+        if learned is not None and learned.model is None:
             learned_repo.delete(session, stream.id)  # a failed fit: try again
-    return stream_repo.update(
+            learned = None
+    updated = stream_repo.update(
         session,
         stream,
         model_name=plan.model_name,
@@ -200,6 +205,11 @@ def _update(
         learning=plan.learning,
         false_alarms_per_day=plan.false_alarms_per_day,
     )
+    if learned is not None and learned.history_from is not None:  # on the schedule it has now
+        learned.relearn_at = state.streams.next_relearning(
+            updated, learned.relearned_s, learned.history_from
+        )
+    return updated
 
 
 @router.put(
@@ -319,7 +329,7 @@ def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[st
             return {**phase, "phase": "learning"}
         learned = LearnedModel.from_json(row.model)
         revised_from = row.revisions[-1]["from_sample"] if row.revisions else row.learned_from
-        return {**phase, **_learned_phase(stream, learned, row, int(revised_from))}
+        return {**phase, **_learned_phase(session, stream, learned, row, int(revised_from))}
     stream_state = live.state
     if live.learning is not None:
         plan = live.learning.plan
@@ -337,12 +347,16 @@ def _phase(session: Session, stream: Stream, live: LiveStream | None) -> dict[st
         )
     elif live.learned is not None:
         row = learned_repo.get(session, stream.id)
-        phase.update(_learned_phase(stream, live.learned, row, live.revised_from))
+        phase.update(_learned_phase(session, stream, live.learned, row, live.revised_from))
     return phase
 
 
 def _learned_phase(
-    stream: Stream, learned: LearnedModel, row: LearnedModelRow | None, revised_from: int
+    session: Session,
+    stream: Stream,
+    learned: LearnedModel,
+    row: LearnedModelRow | None,
+    revised_from: int,
 ) -> dict[str, Any]:
     return {
         "sample_period_s": learned.sample_period_s,
@@ -354,6 +368,7 @@ def _learned_phase(
             lstm=learned.network_note,
             revisions=0 if row is None else len(row.revisions),
             thresholds_from=revised_from,
+            relearning=None if row is None else _relearning(session, stream, row),
             channels={
                 name: ChannelModelOut.model_validate(summary)
                 for name, summary in learned.summary(list(stream.channels)).items()
@@ -362,18 +377,36 @@ def _learned_phase(
     }
 
 
+def _relearning(session: Session, stream: Stream, row: LearnedModelRow) -> RelearningOut:
+    shadow = None if row.prove_at is None else version_repo.relearned_shadow(session, stream.id)
+    proving = None
+    if shadow is not None and row.prove_at is not None:
+        proving = ProvingOut(
+            name=shadow.model_name,
+            version=shadow.model_version,
+            from_sample=shadow.from_sample,
+            decide_at=row.prove_at,
+        )
+    job = job_repo.latest(session, stream_id=stream.id, kinds=("relearn", "prove"))
+    last = None
+    if job is not None:
+        last = {"job": job.id, "kind": job.kind, "phase": job.phase, "error": job.error}
+        last.update(job.result or {})
+    return RelearningOut(next_at=row.relearn_at, proving=proving, last=last)
+
+
 def described(state: AppState, session: Session, stream: Stream) -> StreamOut:
     """The stream's row with its live state (none if its model is not loaded any more)."""
     open_alarms = alarm_repo.list_open(session, stream_id=stream.id)
     switch = version_repo.last_switch(session, stream.id)
-    previous = None
+    previous, reason = None, None if switch is None else switch.reason
     if switch is not None and switch.from_version.isdigit():
         previous = ModelChoice(name=switch.from_model, version=int(switch.from_version))
     try:
         live = state.streams.read(session, stream)
     except AppError:
         return StreamOut.of(stream, open_alarms=open_alarms).model_copy(
-            update={"previous_model": previous}
+            update={"previous_model": previous, "switch_reason": reason}
         )
     recurrence, stream_state = live.recurrence, live.state
     phase = _phase(session, stream, live)
@@ -398,7 +431,7 @@ def described(state: AppState, session: Session, stream: Stream) -> StreamOut:
             },
         ),
         position=(stream_state.samples, None if last is None else reading_repo.datetime_at(last)),
-    ).model_copy(update={**phase, "previous_model": previous})
+    ).model_copy(update={**phase, "previous_model": previous, "switch_reason": reason})
 
 
 @router.get(

@@ -4,16 +4,18 @@ partitions' leases. Thin: what goes where is `partitions.py`, who owns what `lea
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import socket
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import nats
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -35,15 +37,44 @@ from nats.js.kv import KeyValue
 from app.bus.partitions import SUBJECT_PREFIX, subject_of
 from app.errors import DataError
 
-if TYPE_CHECKING:
-    from app.bus.publisher import Replies
-
 STREAM = "TWINWATCH_READINGS"
 SETTINGS_BUCKET = "twinwatch_bus"
 LEASES_BUCKET = "twinwatch_leases"
 DUPLICATE_WINDOW_S = 120.0
 """How long JetStream remembers a message id: a batch re-sent within it is dropped there
 (after it, ingest recognises its readings as re-sent)."""
+
+
+class Replies:
+    """Where a process waits for workers' answers: one subscription of its own (`<inbox>.*`),
+    each awaited answer a subject under it, instead of a subscription per message."""
+
+    def __init__(self, connection: Client) -> None:
+        self.connection = connection
+        self.prefix = connection.new_inbox()
+        self.waiting: dict[str, asyncio.Future[Msg]] = {}
+        self.subscription: Subscription | None = None
+        self.subscribing = asyncio.Lock()  # (requests that come together subscribe once)
+
+    async def expect(self) -> tuple[str, asyncio.Future[Msg]]:
+        """A subject to be answered at, and the answer to come."""
+        async with self.subscribing:
+            if self.subscription is None:
+                self.subscription = await self.connection.subscribe(
+                    f"{self.prefix}.*", cb=self._arrived
+                )
+        token = uuid.uuid4().hex
+        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self.waiting[token] = future
+        return f"{self.prefix}.{token}", future
+
+    def forget(self, subject: str) -> None:
+        self.waiting.pop(subject.rsplit(".", 1)[1], None)
+
+    async def _arrived(self, message: Msg) -> None:
+        future = self.waiting.pop(message.subject.rsplit(".", 1)[1], None)
+        if future is not None and not future.done():
+            future.set_result(message)
 
 
 @dataclass

@@ -9,12 +9,9 @@ from dataclasses import dataclass
 
 import nats.errors
 import numpy as np
-from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from nats.js.api import PubAck
 
-from app.bus.jetstream import Bus, fits
+from app.bus.jetstream import Bus, Replies, fits
 from app.bus.messages import (
     CHANGE_HEADER,
     MSG_ID_HEADER,
@@ -27,6 +24,8 @@ from app.bus.messages import (
 )
 from app.bus.partitions import message_id, partition_of, subject_of
 from app.errors import PayloadTooLargeError
+from app.schemas import ReadingIn, StreamReadingsIn
+from app.storage.repositories.readings import micros
 
 
 class BusAwayError(Exception):
@@ -48,6 +47,20 @@ class Batch:
     times: np.ndarray
 
 
+def batches_of(items: list[tuple[str, list[ReadingIn]]]) -> list[Batch]:
+    """A request's readings as the batches that travel: one per stream."""
+    return [
+        Batch(
+            stream_id,
+            StreamReadingsIn.model_construct(stream=stream_id, readings=readings)
+            .model_dump_json()
+            .encode(),
+            micros([reading.t for reading in readings]),
+        )
+        for stream_id, readings in items
+    ]
+
+
 @dataclass(frozen=True)
 class _Message:
     """Batches of one partition, of one request, in the request's order: one message."""
@@ -64,38 +77,6 @@ _UNANSWERED = Answer(
     b'"status":500,"detail":"the worker answered none of the batches (it has been logged)"}',
     "application/problem+json",
 )
-
-
-class Replies:
-    """Where a process waits for workers' answers: one subscription of its own (`<inbox>.*`),
-    each awaited answer a subject under it, instead of a subscription per message."""
-
-    def __init__(self, connection: Client) -> None:
-        self.connection = connection
-        self.prefix = connection.new_inbox()
-        self.waiting: dict[str, asyncio.Future[Msg]] = {}
-        self.subscription: Subscription | None = None
-        self.subscribing = asyncio.Lock()  # (requests that come together subscribe once)
-
-    async def expect(self) -> tuple[str, asyncio.Future[Msg]]:
-        """A subject to be answered at, and the answer to come."""
-        async with self.subscribing:
-            if self.subscription is None:
-                self.subscription = await self.connection.subscribe(
-                    f"{self.prefix}.*", cb=self._arrived
-                )
-        token = uuid.uuid4().hex
-        future: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self.waiting[token] = future
-        return f"{self.prefix}.{token}", future
-
-    def forget(self, subject: str) -> None:
-        self.waiting.pop(subject.rsplit(".", 1)[1], None)
-
-    async def _arrived(self, message: Msg) -> None:
-        future = self.waiting.pop(message.subject.rsplit(".", 1)[1], None)
-        if future is not None and not future.done():
-            future.set_result(message)
 
 
 async def submit_all(

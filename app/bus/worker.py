@@ -38,7 +38,6 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from sqlalchemy.orm import Session
 
-from app.api.readings import answer_of, ingest_request, request_size
 from app.api.streams import CHANGES
 from app.bus.jetstream import Bus, fits, open_bus, worker_name
 from app.bus.leases import Leases
@@ -58,6 +57,7 @@ from app.main import Engine, open_engine, resume_streams, state_of
 from app.metrics import Metrics
 from app.registry import default_loader
 from app.schemas import PROBLEM_MEDIA_TYPE, ManyReadingsIn, StreamReadingsIn
+from app.service.readings import answer_of, ingest_request, request_size
 from app.settings import Settings
 from app.storage.repositories import bus as bus_repo
 from app.storage.repositories.bus import FencedError

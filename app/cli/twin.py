@@ -70,6 +70,17 @@ def twin_command(
     loop: Annotated[
         bool, typer.Option(help="Start the run over after its last sample, until stopped.")
     ] = False,
+    mqtt: Annotated[
+        str | None,
+        typer.Option(
+            help="Publish the readings to this MQTT broker (mqtt://host:1883) instead of posting "
+            "them, on TOPIC-PREFIX/STREAM, for a service subscribed to it; the stream is still "
+            "registered over HTTP at --url."
+        ),
+    ] = None,
+    topic_prefix: Annotated[
+        str, typer.Option(help="With --mqtt: the topic's prefix.")
+    ] = "twinwatch",
 ) -> None:
     """Run the built-in digital twin and post its readings to a twinwatch service.
 
@@ -95,11 +106,18 @@ def twin_command(
         typer.echo(f"attempt {attempt} failed ({reason}); retrying in {delay:g} s", err=True)
 
     typer.echo(
-        f"twin seed {seed}: samples {scenario.start}..{scenario.stop - 1} to {url} stream "
+        f"twin seed {seed}: samples {scenario.start}..{scenario.stop - 1} to "
+        f"{url if mqtt is None else f'{mqtt} ({topic_prefix}/{stream})'} stream "
         f"{stream} at {rate:g} Hz x {speed:g}"
         + (f", faults: {', '.join(f.type.value for f in scenario.sent_faults())}" if faults else "")
     )
-    with ServiceClient(url, token=token) as client, stop_on_signals(stop, abort):
+    if mqtt is None:
+        client = ServiceClient(url, token=token)
+    else:
+        from app.twin.mqtt import MqttPublisher
+
+        client = MqttPublisher(url, mqtt, prefix=topic_prefix, token=token)
+    with client, stop_on_signals(stop, abort):
         report = run_twin(
             client,
             stream,
@@ -113,12 +131,16 @@ def twin_command(
             on_batch=on_batch,
             on_retry=on_retry,
         )
+    alarms = (
+        f"alarms opened {len(report.opened)}, closed {len(report.closed)}"
+        if mqtt is None
+        else f"alarms: twinwatch alarms list --stream {stream} (MQTT answers none)"
+    )
     typer.echo(
         f"{'stopped' if report.stopped else 'done'}: sent {report.sent} readings in "
-        f"{report.batches} requests over {report.elapsed_s:.1f} s (accepted {report.accepted}, "
-        f"duplicates {report.duplicates}, retries {report.retries}, "
-        f"max lag {report.max_lag_s:.2f} s); alarms opened {len(report.opened)}, "
-        f"closed {len(report.closed)}"
+        f"{report.batches} {'requests' if mqtt is None else 'messages'} over "
+        f"{report.elapsed_s:.1f} s (accepted {report.accepted}, duplicates {report.duplicates}, "
+        f"retries {report.retries}, max lag {report.max_lag_s:.2f} s); {alarms}"
     )
 
 

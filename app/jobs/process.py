@@ -17,7 +17,7 @@ import shutil
 import signal
 import sys
 import tempfile
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,15 @@ from app.jobs.work import (
     relearned,
     retrained,
 )
+from app.learning.relearn import RELEARN_MOST_READINGS, RelearnPlan, relearned_from_history
 from app.registry import AUTO, learned_name, manifest_sha256
 from app.settings import Settings
 from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
 from app.storage.models import Job, ModelVersion, Stream
+from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import jobs as job_repo
+from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
@@ -74,7 +77,7 @@ def run(job_id: int, settings: Settings, *, parent: int) -> None:
     report = Reporter(database, job_id, parent)
     try:
         try:
-            candidate = _candidate(database, store, job_id, report)
+            candidate = _candidate(database, store, job_id, report, lstm=settings.relearning_lstm)
         except (AppError, ValueError, np.linalg.LinAlgError) as exc:
             detail = exc.detail if isinstance(exc, AppError) else str(exc)
             with database.session() as session:
@@ -95,15 +98,21 @@ def run(job_id: int, settings: Settings, *, parent: int) -> None:
 
 
 def _candidate(
-    database: Database, store: ArtifactStore, job_id: int, report: Reporter
+    database: Database, store: ArtifactStore, job_id: int, report: Reporter, *, lstm: bool
 ) -> dict[str, Any]:
-    """The candidate version's row values, its artifact already in the store."""
+    """The candidate version's row values, its artifact already in the store. `lstm`: a
+    relearning offers the stateful LSTM."""
     with database.session() as session:
         job = job_repo.require(session, job_id)
         stream = stream_repo.require(session, job.stream_id)
         current = _running_version(session, stream)
         kind, params, stream_id = job.kind, dict(job.params), stream.id
         first, stop = _period(session, stream_id, params)
+        spans = []
+        if kind == "relearn":  # its history, to where it was due (the latest, at most)
+            stop = int(params["readings"])
+            first = max(0, stop - RELEARN_MOST_READINGS)
+            spans = alarm_repo.spans(session, stream_id=stream_id)
         batches = reading_repo.batches_covering(
             session, stream_id=stream_id, first_sample=max(0, first - REWARM_READINGS), stop=stop
         )
@@ -112,6 +121,8 @@ def _candidate(
     if not batches or (stop is not None and stop <= first):
         raise DataError("the stream has no stored reading in the job's period")
     base = batches[0].first_sample
+    if kind == "relearn":  # (a retention period may have removed the first ones)
+        first = max(first, base)
     times = np.concatenate([b.micros for b in batches])
     values = np.concatenate([b.values for b in batches])
     references = np.concatenate([b.references_or_nan for b in batches]) if has_reference else None
@@ -129,6 +140,31 @@ def _candidate(
         "job": job_id,
         "from_version": current.version,
     }
+    if kind == "relearn":
+        if current.kind != LEARNED:
+            raise DataError("only a stream that learned its own model learns it again")
+        report(step="learning")
+        covered = [(a - first, None if b is None else b - first) for a, b in spans]
+        readings = Readings.of_one(
+            times[start:end],
+            values[start:end],
+            None if references is None else references[start:end],
+        )
+        learned = load_learned(store, current)
+        new = relearned_from_history(
+            learned,
+            readings,
+            covered=covered,
+            false_alarms_per_day=learned.false_alarms_per_day,
+            lstm=lstm,
+        )
+        return {
+            "name": current.name,
+            "artifact_sha256": store_learned(store, new),
+            "source": source,
+            **learned_fields(new, channels),
+            "train_end": None,
+        }
     if current.kind == LEARNED:
         readings = Readings.of_one(
             times[:end], values[:end], None if references is None else references[:end]
@@ -302,10 +338,39 @@ def _commit(database: Database, job_id: int, candidate: dict[str, Any], parent: 
             now=now,
         )
         result = {"name": row.name, "version": row.version, "calibration": row.calibration}
+        if job.kind == "relearn":
+            result["proving"] = _start_proving(session, job.stream_id, row, now=now)
         if not job_repo.move(
             session, job_id, to="succeeded", when="running", result=result, finished_at=now
         ):
             raise JobStoppedError("the job is not running any more")
+
+
+def _start_proving(session: Session, stream_id: str, row: ModelVersion, *, now: datetime) -> str:
+    """A relearned candidate shadows its stream from the next reading, to be decided on once
+    the readings have gone on for its proving period (the service's learner decides:
+    app/streams/learner.py); not if the stream is shadowed by a version a user chose, which
+    stays. A candidate it replaces is retired. Says what it did."""
+    shadow = version_repo.shadow_of(session, stream_id)
+    earlier = version_repo.relearned_shadow(session, stream_id)
+    if shadow is not None and earlier is None:
+        row.status = "retired"
+        return "not proved: the stream is shadowed by a version a user chose"
+    if earlier is not None:
+        version_repo.require(session, earlier.model_name, earlier.model_version).status = "retired"
+    stream = stream_repo.require(session, stream_id)
+    learned = learned_repo.get(session, stream_id)
+    last = reading_repo.last_time(session, stream_id=stream_id)
+    if learned is None or last is None:
+        row.status = "retired"
+        return "not proved: the stream has not learned"
+    plan = RelearnPlan.of(stream.learning) or RelearnPlan()
+    sample = reading_repo.count(session, stream_id=stream_id)
+    version_repo.set_shadow(
+        session, stream_id=stream_id, model=(row.name, row.version), from_sample=sample, now=now
+    )
+    learned.prove_at = last + timedelta(seconds=plan.proving_s)
+    return f"shadows the stream from reading {sample} to {learned.prove_at.isoformat()}"
 
 
 def _end_with_parent() -> None:

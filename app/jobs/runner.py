@@ -11,11 +11,18 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 
+from sqlalchemy.orm import Session
+
+from app import catalogue
+from app.learning.relearn import RelearnPlan
 from app.settings import Settings
+from app.storage.artifact_store import ArtifactStore
 from app.storage.db import Database
 from app.storage.repositories import jobs as job_repo
+from app.storage.repositories import streams as stream_repo
 from app.storage.repositories.jobs import INTERRUPTED
 
 log = logging.getLogger(__name__)
@@ -33,13 +40,36 @@ class JobRunner:
         self._running: tuple[int, subprocess.Popen[bytes]] | None = None
         self._cancelled: set[int] = set()
         self._thread = threading.Thread(target=self._loop, name="twinwatch-jobs", daemon=True)
+        # Called with each job's id once its process has ended (a relearned candidate's proof
+        # starts there: app/streams/learner.py).
+        self.on_finished: Callable[[int], None] | None = None
 
     def start(self) -> None:
         with self.database.session() as session:
             failed = job_repo.fail_interrupted(session, now=datetime.now(UTC))
+            requeued = self._relearn_again(session)
         if failed:
             log.warning("%d job(s) failed: the service stopped while they ran", failed)
+        for stream_id, job_id in requeued:
+            log.info(
+                "stream %s: its interrupted relearning queued again (job %d)", stream_id, job_id
+            )
         self._thread.start()
+
+    def _relearn_again(self, session: Session) -> list[tuple[str, int]]:
+        """A relearning is the service's own work on a schedule that has moved on: one a stop
+        interrupted is queued again (once: a relearning that took the service down with it is
+        not tried at every start), if the stream still relearns; a user's job stays failed,
+        for its user to ask again."""
+        if not self.settings.relearning:
+            return []
+        again = []
+        for job in job_repo.interrupted_relearnings(session):
+            stream = stream_repo.get(session, job.stream_id)
+            if stream is not None and RelearnPlan.of(stream.learning) is not None:
+                new = job_repo.run_again(session, job, now=datetime.now(UTC))
+                again.append((new.stream_id, new.id))
+        return again
 
     def wake(self) -> None:
         """A job was queued."""
@@ -67,6 +97,7 @@ class JobRunner:
             job_repo.fail_interrupted(session, now=datetime.now(UTC))
 
     def _loop(self) -> None:
+        self._remove_orphans()
         while not self._stopping.is_set():
             ran = False
             try:
@@ -78,6 +109,20 @@ class JobRunner:
             if not ran:
                 self._wake.wait(timeout=5)
                 self._wake.clear()
+
+    def _remove_orphans(self) -> None:
+        """Remove the artifacts that jobs which failed or were cancelled left in the store
+        (`catalogue.orphans`), from the runner's thread: the service is answering already."""
+        store = ArtifactStore(self.settings.artifacts_root)
+        try:
+            doomed = catalogue.orphans(self.database, store)
+            for sha in doomed:  # (unless reused since it was found)
+                store.remove(sha, older_than_s=catalogue.ORPHAN_AGE_S)
+        except Exception:
+            log.exception("the artifacts no version refers to were not removed")
+            return
+        if doomed:
+            log.info("%d artifact(s) no version refers to removed from the store", len(doomed))
 
     def _run_next(self) -> bool:
         if self._stopping.is_set():
@@ -132,4 +177,9 @@ class JobRunner:
             log.error("job %d failed: its process ended with code %d", job_id, code)
         else:
             log.info("job %d %s", job_id, final)
+        if self.on_finished is not None:
+            try:
+                self.on_finished(job_id)
+            except Exception:
+                log.exception("what follows job %d failed", job_id)
         return True

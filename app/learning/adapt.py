@@ -31,7 +31,7 @@ import numpy as np
 from app.learning.learn import LearnedModel
 from app.learning.thresholds import ChannelScale, detectors_for
 from app.monitoring.detectors import DETECTORS
-from app.monitoring.monitor import MonitorConfig
+from app.monitoring.monitor import MonitorConfig, RollingRMSConfig
 
 REVISE_EVERY = 10
 """The most learning periods of readings between two revisions."""
@@ -55,11 +55,13 @@ def refit(
     missing: np.ndarray,
     reference_gaps: np.ndarray | None,
     false_alarms_per_day: float,
+    rms_window: int | None = None,
 ) -> tuple[MonitorConfig, list[ChannelScale]]:
     """The detectors and thresholds the learning rules give for `false_alarms_per_day` on the
     readings marked `normal` (R,) (residuals (R, C) of the learned model, readings (R, C),
     null flags (R,), reference gaps), with no bound: a revision bounds them (`revise`), a
-    recalibration asked for on a period of normal operation takes them as they are."""
+    recalibration asked for on a period of normal operation takes them as they are (its
+    rolling RMS's window too, unless `rms_window` is given)."""
     return detectors_for(
         np.where(normal[:, None], residuals, np.nan),
         values,
@@ -68,6 +70,7 @@ def refit(
         sample_period_s=learned.sample_period_s,
         false_alarms_per_day=false_alarms_per_day,
         reference_gaps=None if reference_gaps is None else np.where(normal, reference_gaps, np.nan),
+        rms_window=rms_window,
     )
 
 
@@ -90,6 +93,10 @@ def revise(
         missing=missing,
         reference_gaps=reference_gaps,
         false_alarms_per_day=learned.false_alarms_per_day,
+        rms_window=next(
+            (d.window for d in learned.monitor.detectors if isinstance(d, RollingRMSConfig)),
+            None,
+        ),
     )
     refitted = {detector.kind: detector for detector in fresh.detectors}
     detectors = []

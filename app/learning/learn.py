@@ -191,11 +191,14 @@ def learn(
     max_gap: int = DEFAULT_MAX_GAP,
     references: np.ndarray | None = None,
     lstm: bool = False,
+    normal: np.ndarray | None = None,
 ) -> LearnedModel:
     """Learn a stream from its readings: times (R,) int64 microseconds, values (R, C), NaN for
     a missing number, and a reference sensor's readings of channel 0 (R,) if it has one.
     `lstm`: offer the stateful LSTM among the candidates where it may be (app/learning/
-    network.py). DataError if they cannot teach anything."""
+    network.py). `normal` (R,): the readings that may teach it (by default all); the others
+    (a relearning's readings under alarms) only carry the recurrence through. DataError if
+    they cannot teach anything."""
     values = np.asarray(values, dtype=np.float64)
     if values.ndim == 1:
         values = values[:, None]
@@ -205,11 +208,13 @@ def learn(
     if not false_alarms_per_day > 0:
         raise DataError("false_alarms_per_day must be positive")
     period = sample_period(times) if sample_period_s is None else float(sample_period_s)
+    normal = np.ones(count, dtype=bool) if normal is None else np.asarray(normal, dtype=bool)
+    teaching = np.where(normal[:, None], values, np.nan)
     for c in range(channels):
-        if np.isnan(values[:, c]).all():
+        if np.isnan(teaching[:, c]).all():
             raise DataError(f"channel {c} has no number among the learning readings")
-    seasons = sorted({p for c in range(channels) for p in seasonal_periods(values[:, c], period)})
-    chosen = [fit_channel(values[:, c], seasons) for c in range(channels)]
+    seasons = sorted({p for c in range(channels) for p in seasonal_periods(teaching[:, c], period)})
+    chosen = [fit_channel(teaching[:, c], seasons) for c in range(channels)]
     fits = [fit for fit, _ in chosen]
     readings = Readings.of_one(np.asarray(times, dtype=np.int64), values, references)
     placeholder = MonitorConfig(channels=channels, detectors=[MissingConfig()])
@@ -219,12 +224,14 @@ def learn(
         return recurrence.advance([recurrence.new_state()], readings, [period]).stream(0)
 
     unseen = [residuals for _, residuals in chosen]
-    candidate = _network_candidate(values, through, linear_unseen=unseen[0], wanted=lstm)
+    candidate = _network_candidate(values, normal, through, linear_unseen=unseen[0], wanted=lstm)
     result = through(candidate.network or LaggedLinear(fits))
+    watched = result.monitored & normal
     if candidate.network is not None:
-        unseen = [result.residuals[holdout_split(count) :, 0]]
-    residuals = np.where(result.monitored[:, None], result.residuals, np.nan)
-    missing = np.isnan(values).any(axis=1).astype(np.float64)
+        unseen = [np.where(normal, result.residuals[:, 0], np.nan)[holdout_split(count) :]]
+    residuals = np.where(watched[:, None], result.residuals, np.nan)
+    missing = np.where(normal, np.isnan(values).any(axis=1), np.nan)
+    gaps = None if references is None else np.where(normal, result.reference_gap, np.nan)
     monitor, scales = detectors_for(
         residuals,
         values,
@@ -232,7 +239,7 @@ def learn(
         missing=missing,
         sample_period_s=period,
         false_alarms_per_day=false_alarms_per_day,
-        reference_gaps=None if references is None else result.reference_gap,
+        reference_gaps=gaps,
         unseen=unseen,
     )
     return LearnedModel(
@@ -251,6 +258,7 @@ def learn(
 
 def _network_candidate(
     values: np.ndarray,
+    normal: np.ndarray,
     through: Callable[[Forecaster], StreamResult],
     *,
     linear_unseen: np.ndarray,
@@ -264,8 +272,8 @@ def _network_candidate(
         return NetworkCandidate(None, math.nan, why_not)
     split = holdout_split(count)
     try:
-        network = train_network(values, split)
+        network = train_network(values[:split][normal[:split]])
     except AppError as exc:
         return failed(exc)
-    held = through(network).residuals[split:, 0]
+    held = np.where(normal, through(network).residuals[:, 0], np.nan)[split:]
     return judge(network, float(np.nanmean(held**2)), float(np.nanmean(linear_unseen**2)))

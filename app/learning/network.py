@@ -61,16 +61,19 @@ def not_tried(count: int, channels: int, *, wanted: bool) -> str | None:
     if count < LSTM_MIN_READINGS:
         return f"not tried: fewer than {LSTM_MIN_READINGS:,} learning readings"
     if not wanted:
-        return "not tried: switched off (TWINWATCH_LEARNING_LSTM)"
+        return (
+            "not tried: switched off (TWINWATCH_LEARNING_LSTM; in a relearning: "
+            "TWINWATCH_RELEARNING_LSTM)"
+        )
     if not torch_available():
         return "not tried: torch is not installed (pip install 'twinwatch[train]')"
     return None
 
 
-def train_network(values: np.ndarray, split: int) -> StatefulLSTMForecaster:
-    """The stateful LSTM trained on one channel's readings before `split` (nulls carried
-    forward from the last reading)."""
-    series = _carried_forward(values[max(0, split - LSTM_MAX_READINGS) : split, :1])
+def train_network(values: np.ndarray) -> StatefulLSTMForecaster:
+    """The stateful LSTM trained on the last `LSTM_MAX_READINGS` of one channel's training
+    readings (nulls carried forward from the last reading)."""
+    series = _carried_forward(values[-LSTM_MAX_READINGS:, :1])
     network = StatefulLSTMForecaster(n_channels=1, training=LSTM_TRAINING)
     return network.fit(series)
 

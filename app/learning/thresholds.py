@@ -66,6 +66,15 @@ LEARNED_DETECTORS = (
 SHIFT_WINDOW = 10
 """Readings the shift detector averages: a level change is confirmed within ten readings."""
 RMS_WINDOW = 50
+RMS_LONG_WINDOW = 200
+RMS_LONG_LEARNING = 10_000
+"""The rolling RMS averages `RMS_LONG_WINDOW` readings once the learning holds this many (a
+relearning on a stream's history, or a long learning period): a window four times longer
+spreads half as much in normal operation, so a sustained rise in the residual energy (a
+machine vibrating harder) too small for 50 readings to tell from a normal day's swings stands
+out; short bursts of energy are the point and shift detectors' to see. Its statistic is
+smoother and swings more slowly, so it takes 50 of its windows, not 20, to show how far it
+swings in normal operation."""
 FLOOR_WINDOW = 20
 LEVEL_WINDOW = 10
 MISSING_WINDOW = 10
@@ -111,6 +120,11 @@ the budget would allow (see the module)."""
 class ChannelScale:
     scale: float
     resolution: float
+
+
+def rms_window_for(count: int) -> int:
+    """The rolling RMS's window for `count` learning readings (see `RMS_LONG_LEARNING`)."""
+    return RMS_LONG_WINDOW if count >= RMS_LONG_LEARNING else RMS_WINDOW
 
 
 def residual_scale(residuals: np.ndarray, values: np.ndarray, level: float) -> ChannelScale:
@@ -202,11 +216,13 @@ def detectors_for(
     false_alarms_per_day: float,
     reference_gaps: np.ndarray | None = None,
     unseen: list[np.ndarray] | None = None,
+    rms_window: int | None = None,
 ) -> tuple[MonitorConfig, list[ChannelScale]]:
     """The monitor of a learned stream: residuals (R, C) of its learning readings (NaN where
     none), its readings (R, C), each channel's level, which readings were null (R,), for a
     stream with a reference sensor the gaps between channel 0 and it (R,), and each channel's
-    residuals on readings its model did not see while fitted (the hold-out).
+    residuals on readings its model did not see while fitted (the hold-out). `rms_window`: the
+    rolling RMS's (a revision keeps the stream's); None: the longest the readings characterise.
 
     A model fitted on a few hundred readings fits them better than it will forecast the next
     ones: its residuals there are smaller and less correlated. The scale and the correlation
@@ -220,7 +236,10 @@ def detectors_for(
         inside = residual_scale(residuals[:, c], values[:, c], levels[c])
         outside = residual_scale(held[c], values[:, c], levels[c])
         scales.append(inside if inside.scale >= outside.scale else outside)
-    with_rms = count >= WINDOWS_TO_CHARACTERISE * RMS_WINDOW
+    # (the window from the readings that may teach: `missing` is NaN on the others)
+    usable = int(np.isfinite(missing).sum())
+    rms_length = rms_window if rms_window is not None else rms_window_for(usable)
+    with_rms = count >= WINDOWS_TO_CHARACTERISE * rms_length
     with_level = (
         reference_gaps is not None
         and int(np.isfinite(reference_gaps).sum()) >= WINDOWS_TO_CHARACTERISE * LEVEL_WINDOW / 2
@@ -264,15 +283,15 @@ def detectors_for(
         shift_gains.append(1.0 / _highest(means, prior, rate, tail_prior))
 
         factor = max(
-            _long_run_factor(z * z - 1, RMS_WINDOW),
-            _long_run_factor((held[c] / s) ** 2 - 1, RMS_WINDOW, 1.0),
+            _long_run_factor(z * z - 1, rms_length),
+            _long_run_factor((held[c] / s) ** 2 - 1, rms_length, 1.0),
         )
-        windows = _rolling(r * r, RMS_WINDOW)
+        windows = _rolling(r * r, rms_length)
         rms = np.sqrt(windows.mean(axis=1)) if windows.size else np.empty(0)
-        rate = budget_rate(RMS_WINDOW, channels)
+        rate = budget_rate(rms_length, channels)
         prior = s * max(
             RMS_SMALLEST_RISE,
-            math.sqrt(1 + float(stats.norm.isf(rate)) * math.sqrt(2 * factor / RMS_WINDOW)),
+            math.sqrt(1 + float(stats.norm.isf(rate)) * math.sqrt(2 * factor / rms_length)),
         )
         rms_gains.append(1.0 / _highest(rms, prior, rate, s * 0.1))
         if np.isfinite(rms).any():
@@ -291,7 +310,7 @@ def detectors_for(
         detectors.append(
             RollingRMSConfig(
                 threshold=1.0,
-                window=RMS_WINDOW,
+                window=rms_length,
                 gains=rms_gains,
                 resting=resting if resting is not None and resting < 1.0 else None,
             )

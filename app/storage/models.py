@@ -121,6 +121,8 @@ class ModelSwitch(Base):
     to_model: Mapped[str] = mapped_column(String(MODEL_NAME_LENGTH))
     to_version: Mapped[int] = mapped_column(Integer())
     switched_at: Mapped[datetime]
+    # Why: None for a switch asked for (the API, the page); a relearned candidate's proof.
+    reason: Mapped[str | None] = mapped_column(String(500))
 
 
 class Shadow(Base):
@@ -140,16 +142,17 @@ class Shadow(Base):
 
 JobPhase = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_PHASES = ("queued", "running", "succeeded", "failed", "cancelled")
-JOB_KINDS = ("retrain", "recalibrate", "learn", "revise")
-"""Asked for by a user (each run in a process of its own), and a learning stream's first fit
-and the revisions of its thresholds (run in the service's learner thread, app/streams/learning)."""
-LEARNER_JOBS = ("learn", "revise")
+JOB_KINDS = ("retrain", "recalibrate", "learn", "revise", "relearn", "prove")
+"""Asked for by a user, or a learned stream's scheduled relearning (each run in a process of its
+own); a learning stream's first fit, the revisions of its thresholds and the proof of a relearned
+candidate (run in the service's learner thread, app/streams/learner.py)."""
+LEARNER_JOBS = ("learn", "revise", "prove")
 
 
 class Job(Base):
     """Work on a stream's stored readings that makes a model version: asked for by `POST
     /v1/streams/{id}/jobs` and run in a process of its own (app/jobs/), or a learning stream's
-    fit or revision, which the stream runs once it is made (app/streams/learning.py). `result`
+    fit or revision, which the stream runs once it is made (app/streams/learner.py). `result`
     names the version it made; `error` says why it made none."""
 
     __tablename__ = "jobs"
@@ -197,8 +200,8 @@ class Stream(Base):
     false_alarms_per_day: Mapped[float] = mapped_column(Double(), default=1.0)
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
-    # Time of the last accepted reading and how many readings were accepted, both advanced in
-    # the same transaction as the readings themselves.
+    # Time of the last accepted reading and how many readings were accepted, as of the
+    # stream's last checkpoint (written with it).
     last_t: Mapped[datetime | None]
     sample_count: Mapped[int] = mapped_column(BigInteger(), default=0)
 
@@ -301,6 +304,14 @@ class LearnedModel(Base):
     # Its thresholds revised since (app/learning/adapt.py), oldest first:
     # [{"from_sample": n, "monitor": MonitorConfig JSON}].
     revisions: Mapped[list[Any]] = mapped_column(JSON(), default=list)
+    # Relearning (app/learning/relearn.py), on the readings' clock: where its history began
+    # (the schedule counts from there; None: never scheduled), when the next one is due (None:
+    # never), the span of history the last one learned on (seconds), and when the candidate
+    # shadowing the stream has proved itself long enough to be decided on.
+    history_from: Mapped[datetime | None]
+    relearn_at: Mapped[datetime | None]
+    relearned_s: Mapped[float | None] = mapped_column(Double())
+    prove_at: Mapped[datetime | None]
 
 
 class StreamCheckpoint(Base):

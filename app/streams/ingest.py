@@ -113,7 +113,7 @@ def ingest(
         for live in learned_enough:
             streams.learn_if_due(live)
         for part in parts:
-            if part.live.learned is not None and streams.revision_due(part.live):
+            if part.live.learned is not None:  # (a revision, a relearning, a proof)
                 streams.learn_if_due(part.live)
 
     streams.on_end(session, commit=committed)

@@ -1,14 +1,14 @@
-"""A learning stream: the phase before its model exists, and the job that fits it.
+"""A learning stream: the phase before its model exists, and the replay its model runs.
 
 A stream of model "auto" starts learning: its readings are stored and acknowledged, and only
 data-quality detectors watch them (a missing-readings rule; there is no forecast yet). Once it
 has its learning readings (`{"readings": n}`, or `{"duration_s": s}` of them and at least
-`MIN_READINGS`), `Learner` fits its model in a background thread, off every request
-(`app.learning.learn`): a job of kind `learn`, as each later revision of its thresholds is one
-of kind `revise` (`GET /v1/jobs` lists them beside the jobs users ask for). They run in the
-service's own thread, not in a process as those do: a fit of the linear models is small beside
-starting a process, and a fleet's streams fit one after another.
-Each makes a version of the stream's learned models, which the stream runs at once.
+`MIN_READINGS`), the learner (app/streams/learner.py) fits its model in a background thread,
+off every request (`app.learning.learn`): a job of kind `learn`, as each later revision of its
+thresholds is one of kind `revise` (`GET /v1/jobs` lists them beside the jobs users ask for).
+They run in the service's own thread, not in a process as those do: a fit of the linear models
+is small beside starting a process, and a fleet's streams fit one after another. Each makes a
+version of the stream's learned models, which the stream runs at once.
 
 Readings that arrive during the fit are stored as usual; once the model is there,
 `LiveStreams.adopt` runs every stored reading through the learned recurrence, in order: the
@@ -25,32 +25,19 @@ import itertools
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from app.errors import AppError, DataError
 from app.forecasting.lagged import ChannelFit, LaggedLinear
 from app.learning.adapt import next_revision, revise
-from app.learning.learn import DEFAULT_LEARNING_READINGS, MIN_READINGS, LearnedModel, learn
+from app.learning.learn import DEFAULT_LEARNING_READINGS, MIN_READINGS, LearnedModel
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.incidents import alarm_spans
 from app.monitoring.monitor import MISSING_READINGS, MonitorConfig
-from app.storage.repositories import alarms as alarm_repo
-from app.storage.repositories import jobs as job_repo
-from app.storage.repositories import learned as learned_repo
-from app.storage.repositories import readings as reading_repo
-from app.storage.repositories import streams as stream_repo
 from app.streams.recurrence import DEFAULT_MAX_GAP, Readings, Recurrence, StreamState
-
-if TYPE_CHECKING:
-    from app.storage.repositories.alarms import Applied
-    from app.streams.live import LiveStreams
 
 log = logging.getLogger(__name__)
 
@@ -148,291 +135,6 @@ class Learning:
     def events_kept(self, sample: int) -> bool:
         """Whether the learning phase's monitor decides about an event at `sample`."""
         return self.end is None or sample < self.end
-
-
-class Learner:
-    """Fits learning streams in one background thread, each at most once at a time."""
-
-    def __init__(
-        self,
-        streams: LiveStreams,
-        *,
-        on_adopted: Callable[[str, Applied], None] | None = None,
-        lstm: bool = False,
-    ) -> None:
-        self.streams = streams
-        self.on_adopted = on_adopted
-        self.lstm = lstm  # offer the stateful LSTM among the candidates (app/learning/network.py)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="twinwatch-learn")
-        self._queued: set[str] = set()
-        self._again: set[str] = set()  # asked for while queued: fit again once done
-        self._guard = threading.Lock()
-
-    def submit(self, stream_id: str) -> Future[None] | None:
-        """Fit the stream soon (if it is queued already: once more after that run, which may
-        have read a configuration changed since)."""
-        with self._guard:
-            if stream_id in self._queued:
-                self._again.add(stream_id)
-                return None
-            self._queued.add(stream_id)
-        try:
-            return self._executor.submit(self._run, stream_id)
-        except RuntimeError:  # shutting down: the next start fits it
-            with self._guard:
-                self._queued.discard(stream_id)
-            return None
-
-    def busy(self, stream_id: str) -> bool:
-        with self._guard:
-            return stream_id in self._queued
-
-    def shutdown(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
-
-    @contextmanager
-    def _job(self, stream_id: str, kind: str, params: dict[str, Any]) -> Iterator[Outcome]:
-        """The job row of a fit or revision: running while the block runs, which makes it
-        succeed with the version it makes (`LiveStreams.adopt` and `adopt_revision`, in the
-        transaction that makes it), or else failed, or cancelled if it was superseded."""
-        now = datetime.now(UTC)
-        with self.streams.database.session() as session:
-            if stream_repo.get(session, stream_id) is None:
-                job_id = None
-            else:
-                job_id = job_repo.create(
-                    session, stream_id=stream_id, kind=kind, params=params, now=now, running=True
-                ).id
-        outcome = Outcome(job_id)
-        try:
-            yield outcome
-        except Exception as exc:
-            outcome.error = f"{type(exc).__name__}: {exc}"
-            raise
-        finally:
-            if job_id is not None:
-                self._finish(job_id, outcome)
-
-    def _finish(self, job_id: int, outcome: Outcome) -> None:
-        now = datetime.now(UTC)
-        with self.streams.database.session() as session:
-            if outcome.error is not None:
-                job_repo.move(
-                    session,
-                    job_id,
-                    to="failed",
-                    when="running",
-                    error=outcome.error[:2000],
-                    finished_at=now,
-                )
-            elif outcome.superseded:
-                job_repo.move(
-                    session,
-                    job_id,
-                    to="cancelled",
-                    when="running",
-                    error="superseded: the stream changed meanwhile (a change fits it again)",
-                    finished_at=now,
-                )
-            else:  # (one that made its version succeeded with it: this changes nothing)
-                job_repo.move(
-                    session,
-                    job_id,
-                    to="failed",
-                    when="running",
-                    error="it ended without a version",
-                    finished_at=now,
-                )
-
-    def _run(self, stream_id: str) -> None:
-        try:
-            if not self.fit(stream_id):
-                self.revise(stream_id)
-        except Exception:
-            log.exception("learning stream %s failed", stream_id)
-        finally:
-            with self._guard:
-                self._queued.discard(stream_id)
-                again = stream_id in self._again
-                self._again.discard(stream_id)
-        if again:
-            self.submit(stream_id)
-
-    def revise(self, stream_id: str) -> bool:
-        """Fit a learned stream's thresholds again on its normal readings since it learned
-        (app/learning/adapt.py) and adopt them from its next reading on. Returns whether it
-        did (nothing to do: not learned, not due)."""
-        with self.streams.database.session() as session:
-            stream = stream_repo.get(session, stream_id)
-            row = learned_repo.get(session, stream_id)
-            if stream is None or row is None or row.model is None:
-                return False
-            learned = LearnedModel.from_json(row.model)
-            fitted_at, revisions = row.fitted_at, len(row.revisions)
-            since = row.revisions[-1]["from_sample"] if row.revisions else row.learned_from
-            if reading_repo.count(session, stream_id=stream_id) < next_revision(learned, since):
-                return False
-            batches = reading_repo.batches_from(session, stream_id=stream_id)
-            spans = alarm_repo.spans(session, stream_id=stream_id)
-            has_reference = stream.has_reference
-        if not batches or batches[-1].stop < next_revision(learned, since):
-            return False
-        with self._job(stream_id, "revise", {"from_sample": since}) as outcome:
-            done = self._revised(
-                stream_id,
-                learned,
-                batches,
-                spans,
-                fitted_at=fitted_at,
-                revisions=revisions,
-                has_reference=has_reference,
-                outcome=outcome,
-            )
-        return done
-
-    def _revised(
-        self,
-        stream_id: str,
-        learned: LearnedModel,
-        batches: list[reading_repo.StoredBatch],
-        spans: list[tuple[int, int | None]],
-        *,
-        fitted_at: datetime,
-        revisions: int,
-        has_reference: bool,
-        outcome: Outcome,
-    ) -> bool:
-        times = np.concatenate([b.micros for b in batches])
-        values = np.concatenate([b.values for b in batches])
-        references = (
-            np.concatenate([b.references_or_nan for b in batches]) if has_reference else None
-        )
-        # Readings a retention period removed are gone: sample numbers count from the first
-        # one kept (`first`).
-        first = batches[0].first_sample
-        monitor = revised_monitor(
-            learned,
-            Readings.of_one(times, values, references),
-            covered=[
-                (start - first, None if stop is None else stop - first)
-                for start, stop in spans
-                if stop is None or stop > first
-            ],
-        )
-        adopted = self.streams.adopt_revision(
-            stream_id, monitor, fitted_at=fitted_at, revisions=revisions, job_id=outcome.job_id
-        )
-        if adopted:
-            log.info("stream %s: thresholds revised on its readings to %d", stream_id, len(times))
-        else:
-            outcome.superseded = True
-        return adopted
-
-    def fit(self, stream_id: str) -> bool:
-        """Learn the stream from its stored learning readings and switch it to monitoring.
-        Returns whether it now monitors."""
-        with self.streams.database.session() as session:
-            stream = stream_repo.get(session, stream_id)
-            if stream is None:
-                return False
-            learned_row = learned_repo.get(session, stream_id)
-            if learned_row is not None and learned_row.model is not None:
-                return False  # learned already
-            generation = stream.updated_at
-            plan = LearningPlan.of(stream.learning)
-            batches = reading_repo.batches_from(session, stream_id=stream_id)
-            period, budget = stream.sample_period_s, stream.false_alarms_per_day
-            has_reference = stream.has_reference
-        times = np.concatenate([b.micros for b in batches]) if batches else np.empty(0, np.int64)
-        end = plan.end(times)
-        if end is None:
-            return False
-        with self._job(stream_id, "learn", {"readings": end}) as outcome:
-            done = self._fitted(
-                stream_id,
-                times,
-                batches,
-                end=end,
-                period=period,
-                budget=budget,
-                has_reference=has_reference,
-                generation=generation,
-                outcome=outcome,
-            )
-        return done
-
-    def _fitted(
-        self,
-        stream_id: str,
-        times: np.ndarray,
-        batches: list[reading_repo.StoredBatch],
-        *,
-        end: int,
-        period: float | None,
-        budget: float,
-        has_reference: bool,
-        generation: datetime,
-        outcome: Outcome,
-    ) -> bool:
-        values = np.concatenate([b.values for b in batches])[:end]
-        references = None
-        if has_reference:
-            references = np.concatenate([b.references_or_nan for b in batches])[:end]
-        learned: LearnedModel | None = None
-        error = None
-        try:
-            learned = learn(
-                times[:end],
-                values,
-                sample_period_s=period,
-                false_alarms_per_day=budget,
-                references=references,
-                lstm=self.lstm,
-            )
-        except DataError as exc:
-            error = exc.detail
-        except (ValueError, np.linalg.LinAlgError) as exc:
-            error = f"the learning readings could not be fitted: {exc}"
-        try:
-            applied = self.streams.adopt(
-                stream_id,
-                learned,
-                error=error,
-                end=end,
-                generation=generation,
-                job_id=outcome.job_id,
-            )
-        except AppError as exc:
-            log.warning("stream %s: its learned model was not adopted: %s", stream_id, exc)
-            outcome.error = exc.detail
-            return False
-        if applied is None:
-            outcome.superseded = True
-            return False  # reconfigured meanwhile: the change asked for another fit
-        if learned is None:
-            log.warning("stream %s could not learn: %s", stream_id, error)
-            outcome.error = error
-            return False
-        log.info(
-            "stream %s learned from %d readings: %s",
-            stream_id,
-            end,
-            ", ".join(learned.kinds),
-        )
-        if self.on_adopted is not None:
-            self.on_adopted(stream_id, applied)
-        return True
-
-
-@dataclass
-class Outcome:
-    """How a learner's job (`job_id`, if it has a row) ended, when it raised nothing: it made
-    a version (the stream runs it), could not (`error`), or was overtaken by a change to the
-    stream (`superseded`)."""
-
-    job_id: int | None
-    error: str | None = None
-    superseded: bool = False
 
 
 @dataclass

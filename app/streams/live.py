@@ -33,6 +33,7 @@ from app import catalogue
 from app.errors import ArtifactError, ConflictError, DataError, NotFoundError
 from app.learning.adapt import next_revision
 from app.learning.learn import LearnedModel
+from app.learning.relearn import RelearnPlan
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.monitor import MISSING_READINGS, MonitorConfig
 from app.registry import AUTO, ModelRegistry, RegisteredModel, learned_name
@@ -57,6 +58,8 @@ from app.streams.recurrence import (
     StreamResult,
     StreamState,
 )
+from app.streams.shadow import Run
+from app.streams.shadow import run as shadow_run
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,10 @@ DEFAULT_CHECKPOINT_EVERY = 1000
 REWARM_READINGS = 2000
 """The stored readings a stream's new model sees (silently) when it switches to it: enough for
 its forecaster's context and its detectors' windows to be what they would have been."""
+
+MOST_RECOMPUTED = 1_000_000
+"""Readings replayed at once for a read (`GET .../readings`, a shadow's comparison, a proof): a
+longer range is asked for in parts."""
 
 RESTORED_TOGETHER = 1000
 """Streams restored from one set of queries (their rows, checkpoints and readings since)."""
@@ -181,6 +188,10 @@ class LiveStream:
     learning: Learning | None = None  # a stream of model "auto" that has not learned yet
     learned: LearnedModel | None = None  # what a stream of model "auto" learned
     revised_from: int = 0  # a learned stream: the sample its current thresholds apply from
+    # A learned stream, on its readings' clock (microseconds): when it learns again, and when
+    # the relearned candidate shadowing it is decided on (app/learning/relearn.py).
+    relearn_at: int | None = None
+    prove_at: int | None = None
     # When its last readings were accepted (time.monotonic), and the sample at which its open
     # stale alarm began, if it has one (app/streams/stale.py).
     last_arrival: float = field(default_factory=time.monotonic)
@@ -213,6 +224,8 @@ class LiveStreams:
         retention: timedelta | None = None,
         store: ArtifactStore | None = None,
         follower: bool = False,
+        relearning: bool = False,
+        retired_kept: int = catalogue.RETIRED_KEPT,
     ) -> None:
         if checkpoint_every < 1:
             raise ValueError("checkpoint_every must be at least 1")
@@ -227,6 +240,9 @@ class LiveStreams:
         # An API process on the bus processes no reading: each read restores the stream from
         # what the workers committed (its checkpoint and the readings after it).
         self.follower = follower
+        # Learned streams learn again on their history (app/learning/relearn.py).
+        self.relearning = relearning
+        self.retired_kept = retired_kept  # a learned stream's versions kept once retired
         self._slots: dict[str, _Slot] = {}
         self._guard = threading.Lock()
         self._recurrences: dict[tuple[str, str, str], Recurrence] = {}
@@ -422,6 +438,8 @@ class LiveStreams:
             learning=kind.learning,
             learned=kind.learned,
             revised_from=kind.revisions[-1][0] if kind.revisions else (kind.quiet_until or 0),
+            relearn_at=kind.relearn_at,
+            prove_at=kind.prove_at,
             stale_since=stale_since,
         )
         if kind.learning is not None:
@@ -467,6 +485,8 @@ class LiveStreams:
             quiet_until=row.learned_from,
             base=base,
             revisions=revisions,
+            relearn_at=None if row.relearn_at is None else reading_repo.micro(row.relearn_at),
+            prove_at=None if row.prove_at is None else reading_repo.micro(row.prove_at),
         )
 
     def learned_recurrence(self, stream: Stream, learned: LearnedModel) -> Recurrence:
@@ -553,7 +573,7 @@ class LiveStreams:
             if existing is not None and existing.model is not None:
                 return None
             now = datetime.now(UTC)
-            learned_repo.save(
+            saved = learned_repo.save(
                 session,
                 stream_id=stream_id,
                 learned_from=end,
@@ -568,6 +588,9 @@ class LiveStreams:
                 return alarm_repo.Applied([], [])  # still learning, with its error, next touch
             version = catalogue.first_fit(session, self.store, stream, learned, end, now=now)
             _succeeded(session, job_id, version, now=now)
+            saved.history_from = reading_repo.first_time(session, stream_id=stream_id)
+            if saved.history_from is not None:
+                saved.relearn_at = self.next_relearning(stream, None, saved.history_from)
 
             # The learning phase's open alarms end where learning ended (their incidents too).
             ending = [
@@ -604,6 +627,44 @@ class LiveStreams:
             learned is not None
             and not live.open_peaks
             and live.state.samples >= next_revision(learned, live.revised_from)
+        )
+
+    def next_relearning(
+        self, stream: Stream, last_s: float | None, history_from: datetime
+    ) -> datetime | None:
+        """When, on its readings' clock, a learned stream whose history began at
+        `history_from` learns again after a relearning on `last_s` seconds of it (None: after
+        its first fit); None: never."""
+        plan = RelearnPlan.of(stream.learning) if self.relearning else None
+        due = None if plan is None else plan.next_at(last_s)
+        return None if due is None else history_from + timedelta(seconds=due)
+
+    def schedule_relearning(self) -> int:
+        """Give the learned streams that have no relearning scheduled one by their own
+        schedule (those learned before relearning existed, or while it was off). Returns how
+        many it scheduled."""
+        if not self.relearning:
+            return 0
+        scheduled = 0
+        with self.database.session() as session:
+            for stream, row in learned_repo.unscheduled(session):
+                if row.history_from is None:
+                    row.history_from = reading_repo.first_time(session, stream_id=stream.id)
+                if row.history_from is not None:
+                    row.relearn_at = self.next_relearning(stream, row.relearned_s, row.history_from)
+                    scheduled += row.relearn_at is not None
+        return scheduled
+
+    @staticmethod
+    def relearning_due(live: LiveStream) -> bool:
+        """Whether a learned stream's readings have reached the time it learns again, or the
+        time its relearned candidate is decided on with no alarm open (app/learning/
+        relearn.py)."""
+        last = live.state.last_time
+        if last is None:
+            return False
+        return (live.relearn_at is not None and last >= live.relearn_at) or (
+            live.prove_at is not None and last >= live.prove_at and not live.open_peaks
         )
 
     def adopt_revision(
@@ -646,6 +707,7 @@ class LiveStreams:
                 session, self.store, stream, learned, monitor, live.state.samples, now=now
             )
             _succeeded(session, job_id, version, now=now)
+            self.prune_versions(session, stream_id)
             if live.state.samples:
                 self.checkpoint(session, live, force=False)
             pending = _pending(session)
@@ -653,6 +715,32 @@ class LiveStreams:
             pending.held[stream_id].live = None
             pending.restored[stream_id] = self._restore(session, [stream_id])[stream_id][0]
         return True
+
+    def prune_versions(self, session: Session, stream_id: str) -> None:
+        """Delete a learned stream's retired versions beyond the newest `retired_kept` (never
+        its rollback target or its shadow), in `session`'s transaction; their artifacts are
+        removed once it has committed."""
+        name = learned_name(stream_id)
+        switch = version_repo.last_switch(session, stream_id)
+        keep = set()
+        if switch is not None and switch.from_model == name and switch.from_version.isdigit():
+            keep.add(int(switch.from_version))
+        shadow = version_repo.shadow_of(session, stream_id)
+        if shadow is not None and shadow.model_name == name:
+            keep.add(shadow.model_version)
+        shas = catalogue.prune(session, name, kept=self.retired_kept, keep=keep)
+        store = self.store
+        if shas and store is not None:
+
+            def removed() -> None:
+                for sha in shas:
+                    store.remove(sha)
+
+            self.on_end(session, commit=removed)
+
+    def learned_target(self, row: ModelVersion) -> Target:
+        """A version of a stream's learned models, loaded, to run or shadow it."""
+        return Target(row.name, str(row.version), learned=catalogue.load_learned(self.store, row))
 
     def runnable(self, stream: Stream, model: RegisteredModel) -> Recurrence:
         """The recurrence of `model` for the stream, refused (ConflictError, DataError) if the
@@ -686,7 +774,9 @@ class LiveStreams:
             )
         return self.learned_recurrence(stream, target.learned)
 
-    def switch(self, session: Session, stream_id: str, target: Target) -> Switched:
+    def switch(
+        self, session: Session, stream_id: str, target: Target, *, reason: str | None = None
+    ) -> Switched:
         """Run the stream on `target` (a version of its model or of another with as many
         channels; a learned stream: a version of its learned models) from its next reading on,
         in `session`'s transaction. The new model is warmed on the last `REWARM_READINGS`
@@ -763,6 +853,7 @@ class LiveStreams:
             previous=previous,
             model=target.key,
             now=now,
+            reason=reason,
         )
         switched = LiveStream(
             stream_id=stream_id,
@@ -915,10 +1006,13 @@ class LiveStreams:
 
     def learn_if_due(self, live: LiveStream) -> None:
         """Ask for the stream's fit if it has all its learning readings (and no failed fit of
-        them: that one waits for a reconfiguration), or for its thresholds' revision if that is
-        due."""
+        them: that one waits for a reconfiguration), or for its thresholds' revision, its
+        relearning or its candidate's verdict if one is due."""
         learning = live.learning
-        due = self.revision_due(live) if learning is None else learning.end is not None
+        if learning is None:
+            due = self.revision_due(live) or self.relearning_due(live)
+        else:
+            due = learning.end is not None
         if due and (learning is None or learning.error is None) and self.on_learning_due:
             self.on_learning_due(live.stream_id)
 
@@ -999,6 +1093,24 @@ class LiveStreams:
             None if readings.references is None else readings.references[:count],
         )
         return StoredRange(start, min(count, max(0, first - start)), readings)
+
+    def shadowed(
+        self, session: Session, stream: Stream, from_sample: int, candidate: Recurrence
+    ) -> Shadowed:
+        """What the stream runs and `candidate`, each over its stored readings since
+        `from_sample` (the latest `MOST_RECOMPUTED` at most), each warmed on the readings
+        before: what a shadow's comparison and a relearned candidate's proof read."""
+        active, period, version = self.model_of(session, stream)
+        total = reading_repo.count(session, stream_id=stream.id)  # (not holding the stream)
+        first = max(from_sample, total - MOST_RECOMPUTED)
+        stored = self.stored_range(session, stream, first, None, most=MOST_RECOMPUTED)
+        if stored is None or int(stored.readings.counts[0]) <= stored.skip:
+            return Shadowed(version, None, None, None)
+        running, shadow = (
+            shadow_run(recurrence, stored.readings, period, start=stored.start, skip=stored.skip)
+            for recurrence in (active, candidate)
+        )
+        return Shadowed(version, stored, running, shadow)
 
     def peek(self, stream_id: str) -> LiveStream | None:
         """The stream's live state if it is in memory, not held (for a listing's summary)."""
@@ -1128,6 +1240,17 @@ def _succeeded(
 
 
 @dataclass(frozen=True)
+class Shadowed:
+    """A stream's model (`version`) and a candidate over the same stored readings (None: there
+    were none)."""
+
+    version: str
+    stored: StoredRange | None
+    running: Run | None
+    candidate: Run | None
+
+
+@dataclass(frozen=True)
 class Target:
     """A version a stream may run or be shadowed by: a trained model's (`model`), or one of
     the models a stream learned (`learned`)."""
@@ -1159,6 +1282,8 @@ class _Kind:
     quiet_until: int | None = None  # a learned stream's learning readings: no alarm before
     base: Recurrence | None = None  # a revised stream's recurrence before its first revision
     revisions: list[tuple[int, Recurrence]] = field(default_factory=list)
+    relearn_at: int | None = None
+    prove_at: int | None = None
 
 
 @dataclass

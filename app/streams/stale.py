@@ -96,10 +96,23 @@ class StaleWatch:
                 opened.append(live.stream_id)
         return opened
 
+    def declare(self, matching: Callable[[str], bool]) -> list[str]:
+        """Open a stale alarm now on each stream `matching` picks, whatever its silence: its
+        sender said it is gone (a Sparkplug death). The alarm's time is the last reading's."""
+        moment = time.monotonic()
+        return [
+            live.stream_id
+            for live in self.streams.live_streams()
+            if matching(live.stream_id)
+            and live.stale_since is None
+            and live.state.samples
+            and self._open(live, moment, 0.0, gone=True)
+        ]
+
     def _allowed(self, live: LiveStream, limit: float) -> float:
         return limit + (0.0 if self.delay is None else self.delay(live.stream_id))
 
-    def _open(self, live: LiveStream, moment: float, limit: float) -> bool:
+    def _open(self, live: LiveStream, moment: float, limit: float, *, gone: bool = False) -> bool:
         with self.streams.database.session() as session:
             owns = self.streams.owns  # (on the bus; before the stream is held, as a commit)
             if owns is not None and not owns(session, live.stream_id):
@@ -107,7 +120,7 @@ class StaleWatch:
             held = self.streams.hold(session, [live.stream_id])[0]
             if held is not live or live.stale_since is not None:
                 return False  # it moved meanwhile
-            if moment - live.last_arrival <= self._allowed(live, limit):
+            if not gone and moment - live.last_arrival <= self._allowed(live, limit):
                 return False
             silence = moment - live.last_arrival
             sample = live.state.samples
@@ -135,5 +148,8 @@ class StaleWatch:
                 )
 
             self.streams.on_end(session, commit=committed)
-        log.warning("stream %s is stale: nothing for %.0f s", live.stream_id, silence)
+        if gone:
+            log.warning("stream %s is stale: its sender is gone", live.stream_id)
+        else:
+            log.warning("stream %s is stale: nothing for %.0f s", live.stream_id, silence)
         return True

@@ -201,3 +201,24 @@ def test_the_bus_override_runs_workers_beside_the_app(
     for name, service in ci["services"].items():
         assert name in services and set(service) == {"image"}, name
         assert service["image"].startswith("localhost/twinwatch"), name
+
+
+def test_the_mqtt_override_puts_a_broker_between_the_twin_and_the_app(
+    compose: dict[str, Any],
+) -> None:
+    """docker-compose.mqtt.yml: a persistent Mosquitto with room for a service away, the app
+    subscribed to it, and the twin publishing there the run it posts without it."""
+    document = yaml.safe_load((REPO / "docker-compose.mqtt.yml").read_text())
+    jsonschema.Draft7Validator(json.loads(SCHEMA.read_text())).validate(document)
+    services = document["services"]
+    assert environment(services["app"])["TWINWATCH_MQTT_URL"] == "mqtt://mosquitto:1883"
+    twin = services["twin"]["command"]
+    assert twin[twin.index("--mqtt") + 1] == "mqtt://mosquitto:1883"
+    without = compose["services"]["twin"]["command"]
+    assert [arg for arg in twin if arg not in ("--mqtt", "mqtt://mosquitto:1883")] == without
+    config = (REPO / "deploy/mosquitto/mosquitto.conf").read_text().splitlines()
+    assert "persistence true" in config
+    assert "max_queued_messages 1000000" in config
+    for service in services.values():
+        for dependency, condition in service.get("depends_on", {}).items():
+            assert condition == {"condition": "service_healthy"}, dependency

@@ -56,10 +56,18 @@ def spiky(n: int = 120) -> Scenario:
     return Scenario(start=1000, values=values, references=values.copy(), faults=(), seed=0)
 
 
-def send(client: TestClient, stream: str, scenario: Scenario, **kwargs: object) -> object:
+def send(
+    client: TestClient,
+    stream: str,
+    scenario: Scenario,
+    service: ServiceClient | None = None,
+    **kwargs: object,
+) -> object:
+    """The scenario sent by the twin, through `service` (by default the HTTP client)."""
     clock = FakeClock()
+    token = kwargs.pop("token", None)
     return run_twin(
-        ServiceClient("http://testserver", http=client, token=kwargs.pop("token", None)),  # type: ignore[arg-type]
+        service or ServiceClient("http://testserver", http=client, token=token),  # type: ignore[arg-type]
         stream,
         scenario,
         Timeline(samples=scenario.samples, rate_hz=10.0, speed=5.0),

@@ -9,8 +9,9 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -24,41 +25,37 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-class NatsServer:
-    def __init__(self, directory: Path) -> None:
-        if NATS_SERVER is None:
-            pytest.skip("nats-server is not installed (apt-get install nats-server)")
-        self.directory = directory
-        self.port = free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
+def started(command: list[str], port: int, log_path: Path) -> subprocess.Popen[bytes]:
+    """A server process, once it listens on `port` (its output appended to `log_path`)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = log_path.open("ab")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + READY_LIMIT_S
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return process
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                process.kill()
+                raise RuntimeError(f"{command[0]} did not start: see {log_path}") from None
+            time.sleep(0.05)
+
+
+class LocalServer:
+    """A server process of the test's own, on a free loopback port: `command()` starts it."""
+
+    directory: Path
+    port: int
+    process: subprocess.Popen[bytes] | None = None
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
 
     def start(self) -> None:
-        assert NATS_SERVER is not None and self.process is None
-        log = (self.directory / "nats-server.log").open("ab")
-        self.process = subprocess.Popen(
-            [
-                NATS_SERVER,
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-sd",
-                str(self.directory / "store"),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + READY_LIMIT_S
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return
-            except OSError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"nats-server did not start: see {log.name}") from None
-                time.sleep(0.05)
+        assert self.process is None
+        command = self.command()
+        self.process = started(command, self.port, self.directory / f"{Path(command[0]).name}.log")
 
     def stop(self, sig: signal.Signals = signal.SIGTERM) -> None:
         if self.process is not None:
@@ -67,11 +64,32 @@ class NatsServer:
             self.process = None
 
 
+S = TypeVar("S", bound=LocalServer)
+
+
 @contextmanager
-def nats_server(directory: Path) -> Iterator[NatsServer]:
-    server = NatsServer(directory)
+def running(server: S) -> Iterator[S]:
+    """The server started, and killed at the end."""
     server.start()
     try:
         yield server
     finally:
         server.stop(signal.SIGKILL)
+
+
+class NatsServer(LocalServer):
+    def __init__(self, directory: Path) -> None:
+        if NATS_SERVER is None:
+            pytest.skip("nats-server is not installed (apt-get install nats-server)")
+        self.directory = directory
+        self.port = free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        assert NATS_SERVER is not None
+        store = str(self.directory / "store")
+        return [NATS_SERVER, "-js", "-a", "127.0.0.1", "-p", str(self.port), "-sd", store]
+
+
+def nats_server(directory: Path) -> AbstractContextManager[NatsServer]:
+    return running(NatsServer(directory))

@@ -74,3 +74,13 @@ def test_prepare_directories_creates_the_data_dir(tmp_path: Path) -> None:
     settings = Settings(data_dir=tmp_path / "a" / "b")
     settings.prepare_directories()
     assert (tmp_path / "a" / "b").is_dir()
+
+
+def test_an_mqtt_url_that_names_no_broker_is_one_line_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("TWINWATCH_MQTT_URL", "http://broker:1883")
+    with pytest.raises(AppError, match=r"TWINWATCH_MQTT_URL: .*give mqtt://host:1883"):
+        load_settings()
+    monkeypatch.setenv("TWINWATCH_MQTT_URL", "mqtt://broker:1883")
+    assert load_settings().mqtt_url == "mqtt://broker:1883"

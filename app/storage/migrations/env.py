@@ -12,12 +12,15 @@ from typing import Any, Literal
 
 from alembic import context
 from alembic.autogenerate.api import AutogenContext
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from app.settings import Settings
 from app.storage.db import create_db_engine
 from app.storage.models import Base
 from app.storage.types import UTCDateTime
+
+MIGRATION_LOCK = 0x7477_6D69  # the advisory lock migrations take on PostgreSQL ("twmi")
 
 config = context.config
 if config.config_file_name is not None and config.attributes.get("configure_logger", True):
@@ -72,6 +75,12 @@ def run_migrations_online() -> None:
         with engine.connect() as connection:
             configure(connection=connection)
             with context.begin_transaction():
+                if connection.dialect.name == "postgresql":
+                    # Processes starting together on a fresh database (a service and its
+                    # workers) migrate it one after the other, not into each other.
+                    connection.execute(
+                        text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK}
+                    )
                 context.run_migrations()
     finally:
         engine.dispose()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.orm import Session
 
 from app.errors import NotFoundError
@@ -59,9 +59,25 @@ def page(session: Session, *, stream_id: str | None, limit: int, before: int | N
     return list(session.scalars(statement.order_by(Job.id.desc()).limit(limit)))
 
 
+def latest(session: Session, *, stream_id: str, kinds: tuple[str, ...]) -> Job | None:
+    """The stream's newest job of one of `kinds`."""
+    statement = select(Job).where(Job.stream_id == stream_id, Job.kind.in_(kinds))
+    return session.scalars(statement.order_by(Job.id.desc()).limit(1)).first()
+
+
 def next_queued(session: Session) -> Job | None:
-    statement = select(Job).where(Job.phase == "queued").order_by(Job.id).limit(1)
+    """The oldest queued job, those users asked for before scheduled relearnings."""
+    scheduled = case((Job.kind == "relearn", 1), else_=0)
+    statement = select(Job).where(Job.phase == "queued").order_by(scheduled, Job.id).limit(1)
     return session.scalars(statement).first()
+
+
+def open_of(session: Session, *, stream_id: str, kind: str) -> bool:
+    """Whether the stream has a job of `kind` queued or running."""
+    statement = select(Job.id).where(
+        Job.stream_id == stream_id, Job.kind == kind, Job.phase.in_(("queued", "running"))
+    )
+    return session.scalar(statement.limit(1)) is not None
 
 
 def move(
@@ -100,3 +116,23 @@ def fail_interrupted(session: Session, *, now: datetime) -> int:
         .execution_options(synchronize_session=False)
     )
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+AGAIN_OF = "again_of"
+"""A relearning's parameter: the interrupted one it runs again (it is not run a third time)."""
+
+
+def interrupted_relearnings(session: Session) -> list[Job]:
+    """The streams' latest relearnings where a stop interrupted them, unless they were
+    themselves running an interrupted one again."""
+    latest = select(func.max(Job.id)).where(Job.kind == "relearn").group_by(Job.stream_id)
+    statement = select(Job).where(
+        Job.id.in_(latest), Job.phase == "failed", Job.error == INTERRUPTED
+    )
+    return [job for job in session.scalars(statement).all() if AGAIN_OF not in job.params]
+
+
+def run_again(session: Session, job: Job, *, now: datetime) -> Job:
+    """A new queued job with `job`'s kind and parameters (the readings it works on)."""
+    params = {**job.params, AGAIN_OF: job.id}
+    return create(session, stream_id=job.stream_id, kind=job.kind, params=params, now=now)

@@ -47,6 +47,16 @@ def add_revision(session: Session, row: LearnedModel, *, from_sample: int, monit
     session.flush()
 
 
+def unscheduled(session: Session) -> list[tuple[Stream, LearnedModel]]:
+    """The streams that learned a model and have no relearning scheduled, with it."""
+    statement = (
+        select(Stream, LearnedModel)
+        .join(LearnedModel, LearnedModel.stream_id == Stream.id)
+        .where(LearnedModel.model.is_not(None), LearnedModel.relearn_at.is_(None))
+    )
+    return [(stream, row) for stream, row in session.execute(statement)]
+
+
 def delete(session: Session, stream_id: str) -> None:
     """Forget what the stream learned: it learns again."""
     session.execute(

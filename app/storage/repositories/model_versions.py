@@ -103,6 +103,13 @@ def in_use(session: Session, name: str) -> set[int]:
     return {version for version in used if version is not None}
 
 
+def artifacts_in_use(session: Session, shas: set[str]) -> set[str]:
+    """Those of the artifacts some version, or a model the service loaded, refers to."""
+    versions = select(ModelVersion.artifact_sha256).where(ModelVersion.artifact_sha256.in_(shas))
+    loaded = select(ModelEntry.manifest_sha256).where(ModelEntry.manifest_sha256.in_(shas))
+    return set(session.scalars(versions)) | set(session.scalars(loaded))
+
+
 def refresh_statuses(session: Session, name: str) -> None:
     """`active` for the versions that run, `retired` for those that ran and no longer do;
     candidates stay candidates until a stream runs them."""
@@ -134,8 +141,10 @@ def record_switch(
     previous: tuple[str, str],
     model: tuple[str, int],
     now: datetime,
+    reason: str | None = None,
 ) -> ModelSwitch:
     row = ModelSwitch(
+        reason=None if reason is None else reason[:500],
         stream_id=stream_id,
         at_sample=at_sample,
         from_model=previous[0],
@@ -176,6 +185,19 @@ def set_shadow(
     row.from_sample, row.started_at = from_sample, now
     session.flush()
     return row
+
+
+RELEARNED = "(relearn)"
+"""How a version a relearning job made ends its `created_by` ("job 12 (relearn)")."""
+
+
+def relearned_shadow(session: Session, stream_id: str) -> Shadow | None:
+    """The stream's shadow if it is a candidate a relearning made (not one a user put)."""
+    shadow = session.get(Shadow, stream_id)
+    if shadow is None:
+        return None
+    row = get(session, shadow.model_name, shadow.model_version)
+    return shadow if row is not None and row.created_by.endswith(RELEARNED) else None
 
 
 def end_shadow(session: Session, stream_id: str) -> bool:

@@ -444,6 +444,28 @@ def any_for(session: Session, *, stream_id: str) -> bool:
     return session.scalar(statement.limit(1)) is not None
 
 
+def first_time(session: Session, *, stream_id: str) -> datetime | None:
+    """When the stream's oldest stored reading was taken (None: it has none)."""
+    return _end_time(session, stream_id, newest=False)
+
+
+def last_time(session: Session, *, stream_id: str) -> datetime | None:
+    """When the stream's newest stored reading was taken (None: it has none). Unlike its row's
+    `last_t`, written at its checkpoints, this is up to date with every commit."""
+    return _end_time(session, stream_id, newest=True)
+
+
+def _end_time(session: Session, stream_id: str, *, newest: bool) -> datetime | None:
+    order = ReadingBatch.first_sample.desc() if newest else ReadingBatch.first_sample
+    statement = (
+        select(ReadingBatch.times).where(ReadingBatch.stream_id == stream_id).order_by(order)
+    )
+    times = session.scalar(statement.limit(1))
+    if times is None:
+        return None
+    return datetime_at(int(np.frombuffer(times, dtype=_TIMES)[-1 if newest else 0]))
+
+
 def count(session: Session, *, stream_id: str) -> int:
     """How many readings the stream has accepted (those a retention period removed too)."""
     statement = select(func.max(ReadingBatch.first_sample + ReadingBatch.count)).where(

@@ -8,6 +8,7 @@ Runs against SQLite and, when configured, PostgreSQL (the `database` fixture).
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from pathlib import Path
 
@@ -173,3 +174,30 @@ def test_the_cli_lists_follows_and_cancels_jobs(
     assert f"{job_id} pump-1 retrain succeeded" in run("list", "--stream", "pump-1")
     with pytest.raises(AppError, match=f"409: job {job_id} has succeeded already"):
         runner.invoke(cli, ["jobs", "cancel", str(job_id)], catch_exceptions=False)
+
+
+def test_artifacts_nothing_refers_to_go_at_the_next_start(
+    make_client: AppFactory, tmp_path: Path
+) -> None:
+    """A job that failed or was cancelled after storing its artifact leaves it unnamed: the next
+    start removes it once it is an hour old (younger, a job of another service sharing the
+    store may be about to name it). Artifacts of versions and of loaded models stay."""
+    client = make_client()
+    store = tmp_path / "data" / "artifacts"
+    named = {v["artifact_sha256"] for v in client.get("/v1/models/lstm-seed0").json()["versions"]}
+    assert named and all((store / sha).is_dir() for sha in named)
+    hour_ago = time.time() - 3700
+    for sha in named:  # (old, and named: they stay)
+        os.utime(store / sha, (hour_ago, hour_ago))
+    old, fresh = store / ("a" * 64), store / ("b" * 64)
+    for orphan in (old, fresh):
+        orphan.mkdir()
+        (orphan / "manifest.json").write_text("{}")
+    os.utime(old, (hour_ago, hour_ago))
+    make_client()  # the next start
+    deadline = time.monotonic() + 60
+    while old.exists():
+        assert time.monotonic() < deadline, "the orphan stayed"
+        time.sleep(0.05)
+    assert fresh.is_dir()
+    assert all((store / sha).is_dir() for sha in named)

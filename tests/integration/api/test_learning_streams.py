@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-import app.streams.learning as learning_module
+import app.streams.learner as learning_module
 from app.schemas import MAX_CHANNELS
 from tests.integration.conftest import AppFactory
 

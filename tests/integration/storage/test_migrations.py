@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -16,6 +19,7 @@ from app.storage import migrations
 from app.storage.models import Base
 from app.storage.repositories import readings as reading_repo
 from app.storage.types import UTCDateTime
+from tests.integration.conftest import empty_database
 
 TABLES = {"models", "streams", "alarms", "stream_checkpoints", "reading_batches"}
 
@@ -173,3 +177,25 @@ def test_readings_are_packed_per_batch_and_unpacked_again(empty_database_url: st
         assert restored == _old_readings()
     finally:
         engine.dispose()
+
+
+def test_processes_starting_together_on_a_fresh_database_migrate_it_in_turn(
+    tmp_path: Path,
+) -> None:
+    """A service and its workers started at once each migrate at start-up: on PostgreSQL (the
+    database processes share) they wait for each other, an advisory lock, and all succeed."""
+    with empty_database("postgresql", tmp_path) as url:
+        command = [
+            sys.executable,
+            "-c",
+            "import sys; from app.storage import migrations; migrations.upgrade(sys.argv[1])",
+            url,
+        ]
+        processes = [
+            subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+            for _ in range(3)
+        ]
+        for process in processes:
+            output, _ = process.communicate(timeout=120)
+            assert process.returncode == 0, output.decode()[-2000:]
+        assert migrations.current(url) == (migrations.head(),)

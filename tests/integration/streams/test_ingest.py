@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from app.api.readings import new_readings
 from app.catalogue import register_models
 from app.errors import ConflictError, DataError, NotFoundError
 from app.metrics import Metrics
 from app.registry import default_loader, load_models
 from app.schemas import ReadingIn
+from app.service.readings import new_readings
 from app.storage.db import Database
 from app.storage.repositories import checkpoints, streams
 from app.storage.repositories import readings as reading_repo

@@ -8,7 +8,10 @@ import pytest
 
 from app.errors import DataError
 from app.forecasting.lagged import fit_channel
+from app.learning import thresholds
 from app.learning.learn import LearnedModel, learn, sample_period, seasonal_periods
+from app.learning.thresholds import RMS_LONG_WINDOW, RMS_WINDOW
+from app.monitoring.monitor import MonitorConfig, RollingRMSConfig
 from app.streams.learning import monitor_revising
 from app.streams.recurrence import Readings
 
@@ -77,3 +80,50 @@ def test_a_learned_rolling_rms_rests_where_the_noise_puts_it_and_closes_after_a_
     bursts = [e for e in events if e.detector == "rolling_rms"]
     assert len(bursts) == 1 and 3000 <= bursts[0].start < 3050
     assert bursts[0].cleared_at is not None and bursts[0].cleared_at < 3300 + 100
+
+
+def test_a_long_learning_watches_the_residual_energy_over_a_longer_window(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once the learning holds 10,000 readings the rolling RMS averages 200, not 50. Here
+    the normal noise comes in bursts (40 readings in 100 rough): a machine that runs rough
+    throughout (600 readings, its RMS a third above normal) is within what 50 readings swing
+    through, and stands out over 200. With fewer learning readings it stays 50: they cannot
+    characterise a longer one. A revision keeps the window (its state carries over)."""
+    rng = np.random.default_rng(0)
+    count = 30_000
+    noise = np.where(np.arange(count) % 100 < 40, 1.8, 0.8)
+    values = 5 + noise * rng.standard_normal(count)
+    values[20_000:20_600] = 5 + 1.7 * rng.standard_normal(600)
+    times, readings = (
+        micros(np.arange(float(count))),
+        Readings.of_one(micros(np.arange(float(count))), values),
+    )
+
+    def alarms(learned: LearnedModel, learned_from: int = 10_000) -> list[tuple[str, int]]:
+        events, revisions = monitor_revising(learned, readings, learned_from=learned_from)
+        assert revisions and all(
+            rolling_rms_window(monitor) == rolling_rms_window(learned.monitor)
+            for _, monitor in revisions
+        )
+        return [(e.detector, e.start) for e in events]
+
+    learned = learn(times[:10_000], values[:10_000])
+    assert rolling_rms_window(learned.monitor) == RMS_LONG_WINDOW
+    found = alarms(learned)
+    assert [detector for detector, _ in found] == ["rolling_rms"], found
+    assert 20_000 <= found[0][1] < 20_600
+    # Learned from 2,000 readings: 50, kept by its revisions on 4,000 to 16,000 readings.
+    short = learn(times[:2000], values[:2000])
+    assert rolling_rms_window(short.monitor) == RMS_WINDOW
+    alarms(short, learned_from=2000)
+    # The readings that teach count, not those under alarms.
+    normal = np.arange(12_000) >= 4000
+    kept = learn(times[:12_000], values[:12_000], normal=normal)
+    assert rolling_rms_window(kept.monitor) == RMS_WINDOW
+    monkeypatch.setattr(thresholds, "RMS_LONG_WINDOW", RMS_WINDOW)  # as it would be with 50
+    assert alarms(learn(times[:10_000], values[:10_000])) == []
+
+
+def rolling_rms_window(monitor: MonitorConfig) -> int:
+    return next(d.window for d in monitor.detectors if isinstance(d, RollingRMSConfig))
