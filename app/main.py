@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import TypedDict
 
@@ -29,33 +25,20 @@ from app.api.openapi import document_schemas
 from app.api.problems import BodySizeLimitMiddleware, install_problem_handlers
 from app.bus.jetstream import open_bus, worker_name
 from app.bus.publisher import BusAwayError, batches_of, store_all
-from app.catalogue import register_models
 from app.errors import UnavailableError
-from app.forecasting.training import use_one_thread
 from app.jobs.runner import JobRunner
 from app.logs import RequestIdMiddleware
 from app.metrics import Metrics
 from app.mqtt.payloads import Items
 from app.mqtt.subscriber import Commit, MqttIngest
 from app.registry import (
-    AUTO,
     ArtifactLoader,
-    ModelRegistry,
     default_loader,
-    load_models,
-    model_directories,
 )
 from app.schemas import Problem
+from app.service.engine import open_engine, resume_behind
 from app.service.readings import check_size, commit_readings
 from app.settings import Settings
-from app.storage import migrations
-from app.storage.artifact_store import ArtifactStore
-from app.storage.db import Database
-from app.storage.repositories import incidents as incident_repo
-from app.storage.repositories import streams as stream_repo
-from app.storage.repositories.alarms import Applied
-from app.streams.learner import Learner
-from app.streams.live import LiveStreams, Restoring
 from app.streams.stale import StaleWatch
 from app.web import pages
 
@@ -64,69 +47,6 @@ log = logging.getLogger(__name__)
 
 class LifespanState(TypedDict):
     twinwatch: AppState
-
-
-@dataclass
-class Engine:
-    """What processes readings: the models, the streams' live states and their learner. A
-    service process opens one (`open_state`), and so does a bus worker (`app/bus/worker.py`)."""
-
-    settings: Settings
-    database: Database
-    registry: ModelRegistry
-    store: ArtifactStore
-    metrics: Metrics
-    streams: LiveStreams
-    learner: Learner
-    started_at: datetime
-    loader: ArtifactLoader  # how a model version's artifact directory is loaded
-
-
-def open_engine(
-    settings: Settings, metrics: Metrics, loader: ArtifactLoader, *, follower: bool = False
-) -> Engine:
-    """The database (migrated if asked), the models registered in it, and the streams' engine;
-    blocking. `follower`: an API process on the bus, which reads streams and never processes
-    or checkpoints one (the workers do). The caller disposes of `database` if what follows
-    fails."""
-    use_one_thread()
-    settings.prepare_directories()
-    if settings.migrate_on_start:
-        migrations.upgrade(settings.database_url)
-    database = Database(settings.database_url)
-    try:
-        database.ping()
-        started_at = datetime.now(UTC)
-        registry = load_models(model_directories(settings), loaded_at=started_at, loader=loader)
-        if settings.default_model not in registry and settings.default_model != AUTO:
-            log.warning("default model %r is not loaded", settings.default_model)
-        store = ArtifactStore(settings.artifacts_root)
-        registry = register_models(database, registry, store, loader=loader)
-        metrics.set_models(registry)
-        retention = settings.readings_retention_days
-        streams = LiveStreams(
-            database,
-            registry,
-            checkpoint_every=settings.checkpoint_every,
-            retention=None if retention is None else timedelta(days=retention),
-            store=store,
-            follower=follower,
-            # (on the bus, not yet: a worker's streams cannot be switched by the job runner)
-            relearning=settings.relearning and settings.bus_url is None,
-            retired_kept=settings.retired_versions_kept,
-        )
-        learner = Learner(
-            streams,
-            on_adopted=lambda stream_id, done: _track(streams, metrics, stream_id, done),
-            lstm=settings.learning_lstm,
-        )
-        streams.on_learning_due = learner.submit
-    except BaseException:
-        database.dispose()
-        raise
-    return Engine(
-        settings, database, registry, store, metrics, streams, learner, started_at, loader
-    )
 
 
 def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> AppState:
@@ -145,101 +65,7 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
     except BaseException:
         engine.database.dispose()
         raise
-    return state_of(engine, runner)
-
-
-def state_of(engine: Engine, jobs: JobRunner) -> AppState:
-    """What a request handler works with, over an engine: an API process's, or a worker's
-    (which runs the handlers of the changes it makes: `app/api/changes.py`)."""
-    return AppState(
-        settings=engine.settings,
-        database=engine.database,
-        registry=engine.registry,
-        store=engine.store,
-        loader=engine.loader,
-        metrics=engine.metrics,
-        streams=engine.streams,
-        learner=engine.learner,
-        jobs=jobs,
-        started_at=engine.started_at,
-    )
-
-
-def _track(
-    streams: LiveStreams, metrics: Metrics, stream_id: str, applied: Applied | None = None
-) -> None:
-    """A stream's metric series for its (new) detectors, with the alarms its switch to a
-    learned model raised."""
-    with streams.database.session() as session:
-        stream = stream_repo.get(session, stream_id)
-        if stream is None:
-            return
-        live = streams.read(session, stream)
-        monitor = live.recurrence.monitor
-        metrics.track_stream(stream_id, monitor.kinds, monitor.thresholds)
-        metrics.set_active(stream_id, live.open_peaks)
-        if applied is not None:
-            metrics.publish_alarms(
-                stream_id,
-                opened=[alarm.detector for alarm in applied.new],
-                incidents_opened=applied.incidents_opened,
-            )
-        metrics.set_open_incidents(stream_id, incident_repo.open_counts(session).get(stream_id, 0))
-
-
-def resume_streams(
-    database: Database,
-    streams: LiveStreams,
-    metrics: Metrics,
-    only: Callable[[str], bool] | None = None,
-    progress: Restoring | None = None,
-) -> None:
-    """Restore every stream (`only` those it accepts: a bus worker's partition) from its
-    checkpoint and the readings after it, so its metric series (alarm counters included)
-    exist from the first scrape after a restart, an alarm raised then is seen as an increase,
-    and a stream silent since is seen to be. `progress` follows it."""
-    started = time.monotonic()
-    for stream_id, problem in streams.restore_all(only, progress):
-        log.warning("stream %s cannot resume: %s", stream_id, problem)
-    resumed = 0
-    for live in streams.live_streams():
-        if only is not None and not only(live.stream_id):
-            continue
-        resumed += 1
-        metrics.track_stream(
-            live.stream_id, live.recurrence.monitor.kinds, live.recurrence.monitor.thresholds
-        )
-        metrics.set_active(live.stream_id, live.open_peaks)
-        if live.stale_since is not None:
-            metrics.publish_stale(live.stream_id, stale=True)
-    with database.session() as session:
-        for stream in stream_repo.list_all(session):
-            if only is None or only(stream.id):
-                metrics.track_stream(stream.id, detectors=())
-        for stream_id, count in incident_repo.open_counts(session).items():
-            if only is None or only(stream_id):
-                metrics.set_open_incidents(stream_id, count)
-    log.info("%d streams resumed in %.1f s", resumed, time.monotonic() - started)
-
-
-def resume_behind(state: AppState) -> threading.Thread:
-    """The streams restored in a thread of their own, so that the port opens at once: a
-    request for a stream not restored yet restores that stream first."""
-
-    def run() -> None:
-        try:
-            with state.database.outage.background("restoring the streams"):
-                resume_streams(
-                    state.database, state.streams, state.metrics, progress=state.restoring
-                )
-        except Exception:
-            log.exception("restoring the streams failed; each is restored when it is asked for")
-        finally:
-            state.restoring.finished = True
-
-    thread = threading.Thread(target=run, name="twinwatch-restore", daemon=True)
-    thread.start()
-    return thread
+    return AppState.over(engine, runner)
 
 
 def mqtt_ingest(

@@ -4,38 +4,20 @@ that exists), its model version (a switch, a promotion, a roll-back) and its del
 The worker holding a stream holds its state, and its readings wait in order in the stream's
 partition: a change made beside them would race them. So an API process on the bus publishes
 the change to that partition, after the readings sent before it and before those sent after;
-the worker, taking it in its turn, runs the same handler the embedded service runs (under the
-partition's fence) and answers with what the handler answered."""
+the worker, taking it in its turn, runs the same operation the embedded service runs (under
+the partition's fence: app/bus/changes.py) and answers with what it answered."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import anyio.from_thread
 from fastapi import Response
-from pydantic import BaseModel
-from sqlalchemy.orm import Session
 
 from app.api.deps import AppState
-from app.bus.messages import Answer
 from app.bus.publisher import BusAwayError, NotAnsweredError, change
 from app.errors import ForwardedError, UnavailableError
-
-Handler = Callable[[AppState, Session, str, bytes], Answer]
-"""What a worker runs for a kind of change: (its state, the transaction, the stream, the body
-the API process published) -> the answer. `app/api/streams.py: CHANGES` has them."""
-
-
-def answered(result: Any, response: Response | None = None) -> Answer:
-    """A handler's result as the embedded service would have sent it."""
-    if isinstance(result, Response):
-        return Answer(result.status_code, bytes(result.body), result.media_type or "")
-    assert isinstance(result, BaseModel)
-    status = response.status_code if response is not None and response.status_code else 200
-    return Answer(status, result.model_dump_json().encode())
 
 
 def forward(state: AppState, kind: str, stream_id: str, body: bytes = b"") -> Response:

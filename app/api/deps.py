@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from collections import Counter
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated
 from urllib.parse import unquote
@@ -20,51 +20,20 @@ from starlette.requests import cookie_parser
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from app.bus.jetstream import Bus
-from app.catalogue import LEARNED, load_learned, load_version
 from app.errors import DataError, UnauthorizedError
-from app.jobs.runner import JobRunner
 from app.metrics import Metrics
-from app.registry import ArtifactLoader, ModelRegistry, RegisteredModel
+from app.registry import ModelRegistry
 from app.schemas import PROBLEM_MEDIA_TYPE
+from app.service.engine import ServiceState
 from app.settings import Settings
-from app.storage.artifact_store import ArtifactStore
-from app.storage.db import Database
-from app.storage.repositories import model_versions as version_repo
-from app.streams.learner import Learner
-from app.streams.live import LiveStreams, Restoring, Target
 
 
 @dataclass
-class AppState:
-    """What the lifespan opens and every request may use. One per app, never global."""
+class AppState(ServiceState):
+    """What the lifespan opens and every request may use: the service's state, and the bus an
+    API process forwards to. One per app, never global."""
 
-    settings: Settings
-    database: Database
-    registry: ModelRegistry
-    store: ArtifactStore  # every model version's artifact
-    loader: ArtifactLoader  # how an artifact directory is loaded
-    metrics: Metrics
-    streams: LiveStreams
-    learner: Learner
-    jobs: JobRunner
-    started_at: datetime
     bus: Bus | None = None  # with TWINWATCH_BUS_URL: readings go to the workers through it
-    restoring: Restoring = field(default_factory=Restoring)  # the streams' restore at start-up
-
-    def model_version(self, session: Session, name: str, version: int) -> RegisteredModel:
-        """A version of a model, loaded (from the artifact store the first time). NotFoundError
-        if the model has no such version."""
-        row = version_repo.require(session, name, version)
-        return load_version(self.registry, row, self.store, loader=self.loader)
-
-    def target(self, session: Session, name: str, version: int) -> Target:
-        """A version, loaded, for a stream to run or be shadowed by: a trained model's or one a
-        stream learned (`LiveStreams.target_recurrence` says whether a stream may run it).
-        NotFoundError if there is no such version."""
-        row = version_repo.require(session, name, version)
-        if row.kind == LEARNED:
-            return Target(name, str(version), learned=load_learned(self.store, row))
-        return Target.trained(load_version(self.registry, row, self.store, loader=self.loader))
 
 
 STATE_KEY = "twinwatch"  # the key `app.main.LifespanState` yields

@@ -38,7 +38,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from sqlalchemy.orm import Session
 
-from app.api.streams import CHANGES
+from app.bus.changes import CHANGES
 from app.bus.jetstream import Bus, fits, open_bus, worker_name
 from app.bus.leases import Leases
 from app.bus.messages import (
@@ -53,10 +53,10 @@ from app.bus.messages import (
 from app.bus.partitions import partition_of
 from app.errors import AppError, DataError
 from app.jobs.runner import JobRunner
-from app.main import Engine, open_engine, resume_streams, state_of
 from app.metrics import Metrics
 from app.registry import default_loader
 from app.schemas import PROBLEM_MEDIA_TYPE, ManyReadingsIn, StreamReadingsIn
+from app.service.engine import Engine, ServiceState, open_engine, resume_streams
 from app.service.readings import answer_of, ingest_request, request_size
 from app.settings import Settings
 from app.storage.repositories import bus as bus_repo
@@ -105,7 +105,7 @@ class Worker:
         self.committing: asyncio.Task[None] | None = None  # the task that commits them
         # The handlers of the changes it makes run with it; a job they queue waits for an API
         # process's runner (this one never starts).
-        self.state = state_of(engine, JobRunner(engine.database, engine.settings))
+        self.state = ServiceState.over(engine, JobRunner(engine.database, engine.settings))
         # What it writes on its own (fits, revisions, stale alarms) goes under the fence too.
         engine.streams.owns = self._own
 

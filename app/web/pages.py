@@ -44,7 +44,7 @@ from app.api.deps import (
 from app.api.jobs import create_job
 from app.api.queries import CursorQuery
 from app.api.shadows import compared
-from app.api.streams import described, stream_page, switch_model
+from app.api.streams import switch_model
 from app.errors import AppError, DataError
 from app.monitoring.detectors import DETECTORS
 from app.registry import AUTO, NAME_PATTERN, learned_name
@@ -57,6 +57,7 @@ from app.schemas import (
     ModelChoice,
     StreamOut,
 )
+from app.service.streams import described, stream_page
 from app.settings import Settings
 from app.storage.models import Alarm, Incident, Stream
 from app.storage.repositories import alarms as alarm_repo

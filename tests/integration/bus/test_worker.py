@@ -26,8 +26,8 @@ from app.bus.messages import Answer
 from app.bus.partitions import partition_of
 from app.bus.publisher import Batch, change, store_all, submit, submit_all
 from app.bus.worker import Worker
-from app.main import Engine, open_engine
 from app.metrics import Metrics
+from app.service.engine import Engine, open_engine
 from app.settings import Settings
 from app.storage.db import Database
 from app.storage.models import Alarm
