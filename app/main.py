@@ -39,6 +39,7 @@ from app.schemas import Problem
 from app.service.engine import open_engine, resume_behind
 from app.service.readings import check_size, commit_readings
 from app.settings import Settings
+from app.streams.handover import schedule_relearning
 from app.streams.stale import StaleWatch
 from app.web import pages
 
@@ -59,7 +60,7 @@ def open_state(settings: Settings, metrics: Metrics, loader: ArtifactLoader) -> 
         runner.on_finished = engine.learner.job_finished
         engine.learner.wake_jobs = runner.wake
         runner.start()
-        scheduled = engine.streams.schedule_relearning()
+        scheduled = schedule_relearning(engine.streams)
         if scheduled:
             log.info("%d learned stream(s) given a relearning schedule", scheduled)
     except BaseException:

@@ -26,7 +26,10 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("forecaster (ONNX Runtime)", ("app/forecasting/", "onnxruntime/")),
     ("detectors, alarm rules", ("app/monitoring/",)),
     ("recurrence bookkeeping", ("app/streams/recurrence.py",)),
-    ("live streams: hold, restore", ("app/streams/live.py",)),
+    (
+        "live streams: hold, restore",
+        ("app/streams/live.py", "app/streams/held.py", "app/streams/kinds.py"),
+    ),
     ("session open/close, pool", ("sqlalchemy/", "app/storage/db.py")),
     ("ingest: checks, arrays", ("app/streams/ingest.py",)),
     ("answer: build ReadingsOut", ("_answer (app/api/readings.py",)),

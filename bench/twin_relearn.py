@@ -29,7 +29,7 @@ from app.monitoring.monitor import MonitorConfig, RollingRMSConfig
 from app.simulation.faults import LAB_FAULTS, inject_faults
 from app.simulation.twin import TwinRun, simulate
 from app.streams.learning import monitor_revising
-from app.streams.live import REWARM_READINGS
+from app.streams.recomputed import REWARM_READINGS
 from app.streams.recurrence import Readings, Recurrence
 from app.streams.shadow import Run, run
 

@@ -44,7 +44,7 @@ from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.streams.history import bucketed
 from app.streams.ingest import IngestOutcome
-from app.streams.live import MOST_RECOMPUTED
+from app.streams.recomputed import MOST_RECOMPUTED, history
 
 router = APIRouter(prefix="/v1", tags=["readings"], dependencies=[ReadAccess, SingleQueryValues])
 
@@ -269,25 +269,28 @@ def get_readings(
     if since is not None and until is not None and until <= since:
         raise DataError("until must be after since")
     stream = stream_repo.require(session, stream_id)
-    history = state.streams.history(session, stream, since, until, most=MOST_RECOMPUTED)
-    monitor = history.recurrence.monitor
-    times = history.times
-    result = history.result
+    running = state.streams.model_of(session, stream)
+    recomputed = history(session, stream, running, since, until, most=MOST_RECOMPUTED)
+    monitor = recomputed.recurrence.monitor
+    times = recomputed.times
+    result = recomputed.result
     nan = np.full(times.shape[0], np.nan)
     columns: dict[str, np.ndarray] = {
-        "value": nan if history.readings is None else history.column(history.readings.values[:, 0]),
-        "forecast": nan if result is None else history.column(result.forecast),
-        "residual": nan if result is None else history.column(result.residual),
+        "value": nan
+        if recomputed.readings is None
+        else recomputed.column(recomputed.readings.values[:, 0]),
+        "forecast": nan if result is None else recomputed.column(result.forecast),
+        "residual": nan if result is None else recomputed.column(result.residual),
     }
     statistics = (
         {}
         if result is None
-        else {kind: history.column(column) for kind, column in result.statistics.items()}
+        else {kind: recomputed.column(column) for kind, column in result.statistics.items()}
     )
     common = {
         "stream": stream_id,
         "model": state.streams.name_of(stream),
-        "model_version": history.version,
+        "model_version": recomputed.version,
         "thresholds": monitor.thresholds,
     }
     if step_s is None:

@@ -26,7 +26,8 @@ from app.schemas import Detection, ModelChoice, ShadowOut, ShadowSide, problem_r
 from app.storage.models import Shadow, Stream
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import streams as stream_repo
-from app.streams.live import StoredRange
+from app.streams.handover import target_recurrence
+from app.streams.recomputed import StoredRange, shadowed
 from app.streams.shadow import Run
 
 router = APIRouter(
@@ -52,7 +53,7 @@ def put_shadow(
     compares it with what the stream runs. A stream has one shadow at most: this replaces it."""
     stream = stream_repo.require(session, stream_id)
     target = state.target(session, choice.name, choice.version)
-    state.streams.target_recurrence(stream, target)  # (one it could run)
+    target_recurrence(state.streams, stream, target)  # (one it could run)
     samples = state.streams.read(session, stream).state.samples
     shadow = version_repo.set_shadow(
         session,
@@ -99,9 +100,11 @@ def compared(state: AppState, session: Session, stream: Stream, shadow: Shadow) 
     """Both versions over the stream's stored readings since the shadow started (the latest
     `MOST_RECOMPUTED` at most), each warmed on the readings before."""
     model = state.target(session, shadow.model_name, shadow.model_version)
-    candidate = state.streams.target_recurrence(stream, model)
+    candidate = target_recurrence(state.streams, stream, model)
     running = state.streams.name_of(stream)
-    both = state.streams.shadowed(session, stream, shadow.from_sample, candidate)
+    both = shadowed(
+        session, stream, state.streams.model_of(session, stream), shadow.from_sample, candidate
+    )
     empty = ShadowOut(
         stream=stream.id,
         started_at=shadow.started_at,

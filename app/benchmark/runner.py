@@ -2,7 +2,7 @@
 normal prefix only, then every row is monitored in order.
 
 In-process (`run_in_process`), the code is the service's own: `app.learning.learn` for the fit,
-then `monitor_revising` (the recurrence with the learning readings silent, as `LiveStreams.adopt`
+then `monitor_revising` (the recurrence with the learning readings silent, as `handover.adopt`
 runs it, and the thresholds revised every ten learning periods, as `Learner.revise` does; the
 service applies a revision from whichever reading its background job reaches, this from the
 revision point). Over HTTP (`run_over_http`), a stream of model "auto" is created on a running

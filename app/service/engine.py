@@ -34,8 +34,9 @@ from app.storage.repositories import incidents as incident_repo
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import streams as stream_repo
 from app.storage.repositories.alarms import Applied
+from app.streams.handover import Target
 from app.streams.learner import Learner
-from app.streams.live import LiveStreams, Restoring, Target
+from app.streams.live import LiveStreams, Restoring
 
 log = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ class ServiceState:
 
     def target(self, session: Session, name: str, version: int) -> Target:
         """A version, loaded, for a stream to run or be shadowed by: a trained model's or one a
-        stream learned (`LiveStreams.target_recurrence` says whether a stream may run it).
+        stream learned (`handover.target_recurrence` says whether a stream may run it).
         NotFoundError if there is no such version."""
         row = version_repo.require(session, name, version)
         if row.kind == LEARNED:

@@ -46,7 +46,9 @@ from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
-from app.streams.live import LiveStream, refuse_absent_detectors
+from app.streams import handover
+from app.streams.held import LiveStream
+from app.streams.overrides import refuse_absent_detectors
 from app.streams.stale import stale_limit_s
 
 log = logging.getLogger(__name__)
@@ -120,7 +122,7 @@ def _plan(state: ServiceState, config: StreamConfig) -> _Plan:
                 model=model_name,
             )
         refuse_absent_detectors(model, overrides)
-        recurrence = state.streams.recurrence_for(model, overrides)  # refuses an unusable one
+        recurrence = state.streams.kinds.recurrence_for(model, overrides)  # refuses an unusable one
         kinds, thresholds = tuple(recurrence.monitor.kinds), recurrence.monitor.thresholds
         period = config.sample_period_s if config.sample_period_s is not None else 0.1
     return _Plan(
@@ -180,8 +182,8 @@ def _update(
         false_alarms_per_day=plan.false_alarms_per_day,
     )
     if learned is not None and learned.history_from is not None:  # on the schedule it has now
-        learned.relearn_at = state.streams.next_relearning(
-            updated, learned.relearned_s, learned.history_from
+        learned.relearn_at = handover.next_relearning(
+            state.streams, updated, learned.relearned_s, learned.history_from
         )
     return updated
 
@@ -426,7 +428,7 @@ def switch(state: ServiceState, session: Session, stream_id: str, choice: ModelC
     stops shadowing it (it runs now). NotFoundError for an unknown stream or version."""
     stream_repo.require(session, stream_id)
     target = state.target(session, choice.name, choice.version)
-    switched = state.streams.switch(session, stream_id, target)
+    switched = handover.switch(state.streams, session, stream_id, target)
     shadow = version_repo.shadow_of(session, stream_id)
     if shadow is not None and (shadow.model_name, shadow.model_version) == (
         choice.name,

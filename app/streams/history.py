@@ -1,6 +1,6 @@
 """A stream's stored readings as a chart wants them: the readings, their forecasts, residuals
 and detector statistics as columns, or per time bucket their least, greatest and mean. Pure:
-`LiveStreams.history` replays the readings, this shapes the answer."""
+`recomputed.history` replays the readings, this shapes the answer."""
 
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ from app.monitoring.alarms import AlarmEvent
 from app.storage.models import Alarm
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import readings as reading_repo
-from app.streams.live import LiveStream, LiveStreams
+from app.streams.held import LiveStream
+from app.streams.live import LiveStreams
 from app.streams.recurrence import Readings, Recurrence, StreamResult
 
 VALUE = None

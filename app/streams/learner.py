@@ -2,7 +2,7 @@
 are in (a job of kind `learn`), revises a learned stream's thresholds (`revise`), queues its
 relearning (`relearn`, fitted in a job process: app/jobs/process.py) and decides on a relearned
 candidate (`prove`). Each makes a version of the stream's learned models, which the stream runs
-at once (`LiveStreams.adopt`, `adopt_revision`). The learning phase itself, and the replay the
+at once (`handover.adopt`, `adopt_revision`). The learning phase itself, and the replay the
 streams run, are in app/streams/learning.py."""
 
 from __future__ import annotations
@@ -30,11 +30,13 @@ from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.storage.repositories.alarms import Applied
+from app.streams import handover
 from app.streams.learning import (
     LearningPlan,
     revised_monitor,
 )
 from app.streams.live import LiveStreams
+from app.streams.recomputed import shadowed
 from app.streams.recurrence import Readings
 
 log = logging.getLogger(__name__)
@@ -84,7 +86,7 @@ class Learner:
     @contextmanager
     def _job(self, stream_id: str, kind: str, params: dict[str, Any]) -> Iterator[Outcome]:
         """The job row of a fit or revision: running while the block runs, which makes it
-        succeed with the version it makes (`LiveStreams.adopt` and `adopt_revision`, in the
+        succeed with the version it makes (`handover.adopt` and `adopt_revision`, in the
         transaction that makes it), or else failed, or cancelled if it was superseded."""
         now = datetime.now(UTC)
         with self.streams.database.session() as session:
@@ -215,8 +217,13 @@ class Learner:
                 if stop is None or stop > first
             ],
         )
-        adopted = self.streams.adopt_revision(
-            stream_id, monitor, fitted_at=fitted_at, revisions=revisions, job_id=outcome.job_id
+        adopted = handover.adopt_revision(
+            self.streams,
+            stream_id,
+            monitor,
+            fitted_at=fitted_at,
+            revisions=revisions,
+            job_id=outcome.job_id,
         )
         if adopted:
             log.info("stream %s: thresholds revised on its readings to %d", stream_id, len(times))
@@ -239,7 +246,7 @@ class Learner:
                 return False
             live = self.streams.hold(session, [stream_id])[0]
             span = (last - row.history_from).total_seconds()
-            due = self.streams.next_relearning(stream, row.relearned_s, row.history_from)
+            due = handover.next_relearning(self.streams, stream, row.relearned_s, row.history_from)
             queued = None
             busy = row.prove_at is not None or job_repo.open_of(
                 session, stream_id=stream_id, kind="relearn"
@@ -254,7 +261,7 @@ class Learner:
                 )
             if due is not None and due <= last:  # (done, or skipped): the next one
                 row.relearned_s = span
-                due = self.streams.next_relearning(stream, span, row.history_from)
+                due = handover.next_relearning(self.streams, stream, span, row.history_from)
             row.relearn_at = due
             after = None if due is None else reading_repo.micro(due)
             self.streams.on_end(session, commit=lambda: setattr(live, "relearn_at", after))
@@ -349,9 +356,10 @@ class Learner:
                 candidate_row = version_repo.require(
                     session, shadow.model_name, shadow.model_version
                 )
-                target = self.streams.learned_target(candidate_row)
-                candidate = self.streams.target_recurrence(stream, target)
-                both = self.streams.shadowed(session, stream, shadow.from_sample, candidate)
+                target = handover.learned_target(self.streams, candidate_row)
+                candidate = handover.target_recurrence(self.streams, stream, target)
+                running = self.streams.model_of(session, stream)
+                both = shadowed(session, stream, running, shadow.from_sample, candidate)
         if proving is None:
             self._abandon_proof(stream_id)  # (ended, or replaced by a user, meanwhile)
             outcome.superseded = "its shadow was ended or replaced meanwhile"
@@ -399,16 +407,17 @@ class Learner:
             version_repo.end_shadow(session, stream_id)
             candidate_row = version_repo.require(session, name, version)
             if decided is not None and decided.promoted:
-                self.streams.switch(
+                handover.switch(
+                    self.streams,
                     session,
                     stream_id,
-                    self.streams.learned_target(candidate_row),
+                    handover.learned_target(self.streams, candidate_row),
                     reason=f"proved on its readings: {decided.reason}",
                 )
                 version_repo.refresh_statuses(session, name)
             else:
                 candidate_row.status = "retired"  # discarded: it never ran
-            self.streams.prune_versions(session, stream_id)
+            handover.prune_versions(self.streams, session, stream_id)
             if outcome.job_id is not None:
                 job_repo.move(
                     session,
@@ -492,7 +501,8 @@ class Learner:
         except (ValueError, np.linalg.LinAlgError) as exc:
             error = f"the learning readings could not be fitted: {exc}"
         try:
-            applied = self.streams.adopt(
+            applied = handover.adopt(
+                self.streams,
                 stream_id,
                 learned,
                 error=error,

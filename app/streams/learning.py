@@ -11,7 +11,7 @@ is small beside starting a process, and a fleet's streams fit one after another.
 version of the stream's learned models, which the stream runs at once.
 
 Readings that arrive during the fit are stored as usual; once the model is there,
-`LiveStreams.adopt` runs every stored reading through the learned recurrence, in order: the
+`handover.adopt` runs every stored reading through the learned recurrence, in order: the
 learning readings silently (they are what normal looks like), the later ones raising their
 alarms. None is lost or skipped, and a restart in the middle simply fits again.
 

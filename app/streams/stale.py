@@ -26,7 +26,8 @@ from app.monitoring.alarms import AlarmEvent
 from app.storage.db import UNAVAILABLE
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import readings as reading_repo
-from app.streams.live import LiveStream, LiveStreams
+from app.streams.held import LiveStream
+from app.streams.live import LiveStreams
 
 log = logging.getLogger(__name__)
 

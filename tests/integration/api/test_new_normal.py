@@ -17,6 +17,7 @@ from fastapi.testclient import TestClient
 
 from app.learning.learn import LearnedModel
 from app.storage.repositories import learned as learned_repo
+from app.streams import handover
 from tests.integration.conftest import AppFactory
 from tests.support.jobs import finished
 
@@ -141,7 +142,9 @@ def test_thresholds_revised_while_an_alarm_opened_are_not_adopted(
         assert row is not None
         fitted_at, revisions = row.fitted_at, len(row.revisions)
         monitor = LearnedModel.from_json(row.model).monitor
-    assert not streams.adopt_revision("m", monitor, fitted_at=fitted_at, revisions=revisions)
+    assert not handover.adopt_revision(
+        streams, "m", monitor, fitted_at=fitted_at, revisions=revisions
+    )
     with state.database.session() as session:
         after = learned_repo.get(session, "m")
         assert after is not None and len(after.revisions) == revisions

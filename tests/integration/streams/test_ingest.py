@@ -22,9 +22,11 @@ from app.service.readings import new_readings
 from app.storage.db import Database
 from app.storage.repositories import checkpoints, streams
 from app.storage.repositories import readings as reading_repo
+from app.streams import handover
 from app.streams import live as live_module
+from app.streams.handover import Target
 from app.streams.ingest import IngestOutcome, ingest
-from app.streams.live import LiveStreams, Target
+from app.streams.live import LiveStreams
 from tests.support.models import calibrated_lab_model, lab_series, stateful_lab_model
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -173,7 +175,7 @@ def test_a_switched_stream_restored_from_the_database_continues_exactly(
         service.create(name)
         residuals(service, name, SIZES)
         with database.session() as session:
-            switched = service.streams.switch(session, name, Target.trained(stateful))
+            switched = handover.switch(service.streams, session, name, Target.trained(stateful))
         assert switched.previous[0] == "lstm-seed0"
     service.streams.forget("p")
     resumed = residuals(service, "p", [5, 1, 40], first=756)

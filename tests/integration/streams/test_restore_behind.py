@@ -52,7 +52,7 @@ def test_a_stream_asked_for_during_the_restore_is_restored_first_and_exactly(
     # The restore in the background, a stream at a time, each slowly: the first request comes
     # while the last stream is still far from its turn.
     monkeypatch.setattr(live_module, "RESTORED_TOGETHER", 1)
-    original = LiveStreams._restore
+    original = LiveStreams.restore
     release = threading.Event()
 
     def slow(self: LiveStreams, *args: Any, **kwargs: Any) -> Any:
@@ -60,7 +60,7 @@ def test_a_stream_asked_for_during_the_restore_is_restored_first_and_exactly(
             release.wait(10)
         return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(LiveStreams, "_restore", slow)
+    monkeypatch.setattr(LiveStreams, "restore", slow)
     again = make_client(checkpoint_every=37, restored=False)
     ready = again.get("/readyz")
     assert ready.status_code == 200 and "restoring" in ready.json()["checks"]["streams"]
