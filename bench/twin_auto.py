@@ -22,8 +22,8 @@ from app.learning.learn import LearnedModel, learn
 from app.monitoring.incidents import incident_spans
 from app.simulation.faults import LAB_FAULTS, inject_faults
 from app.simulation.twin import simulate
+from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising
-from app.streams.recurrence import Readings
 
 HOUR = 36_000  # readings at 10 Hz
 

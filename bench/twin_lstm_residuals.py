@@ -23,7 +23,8 @@ from app.monitoring.monitor import MissingConfig, MonitorConfig
 from app.registry import SHIPPED_MODELS_DIR
 from app.simulation.faults import LAB_FAULTS, inject_faults
 from app.simulation.twin import simulate
-from app.streams.recurrence import Readings, Recurrence
+from app.streams.blocks import Readings
+from app.streams.recurrence import Recurrence
 
 HOUR = 36_000
 DAY = 864_000

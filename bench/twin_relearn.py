@@ -28,9 +28,10 @@ from app.monitoring.incidents import alarm_spans, incident_spans
 from app.monitoring.monitor import MonitorConfig, RollingRMSConfig
 from app.simulation.faults import LAB_FAULTS, inject_faults
 from app.simulation.twin import TwinRun, simulate
+from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising
 from app.streams.recomputed import REWARM_READINGS
-from app.streams.recurrence import Readings, Recurrence
+from app.streams.recurrence import Recurrence
 from app.streams.shadow import Run, run
 
 HOUR = 36_000  # readings at 10 Hz

@@ -34,8 +34,8 @@ from app.errors import AppError, DataError
 from app.learning.learn import LearnedModel, learn, sample_period
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.incidents import incident_spans
+from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising
-from app.streams.recurrence import Readings
 from app.twin.client import ServiceClient
 
 POST_BATCH = 1000

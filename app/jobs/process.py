@@ -47,8 +47,8 @@ from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
+from app.streams.blocks import Readings
 from app.streams.recomputed import REWARM_READINGS
-from app.streams.recurrence import Readings
 
 log = logging.getLogger(__name__)
 

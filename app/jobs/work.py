@@ -23,7 +23,8 @@ from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.calibration import DetectorSettings, HoldOut, calibrate_rate
 from app.monitoring.monitor import MonitorConfig
 from app.monitoring.workflow import WATCH_ONLY
-from app.streams.recurrence import Readings, Recurrence
+from app.streams.blocks import Readings
+from app.streams.recurrence import Recurrence
 
 MIN_HOLDOUT = 500
 """Fewest monitored readings thresholds are calibrated on: fewer say little about a tail."""

@@ -26,7 +26,8 @@ from app.forecasting.lagged import ChannelFit, LaggedLinear, fit_channel, holdou
 from app.learning.network import NetworkCandidate, failed, judge, not_tried, train_network
 from app.learning.thresholds import ChannelScale, detectors_for
 from app.monitoring.monitor import MissingConfig, MonitorConfig
-from app.streams.recurrence import DEFAULT_MAX_GAP, Readings, Recurrence, StreamResult
+from app.streams.blocks import Readings, StreamResult
+from app.streams.recurrence import DEFAULT_MAX_GAP, Recurrence
 
 LEARNED_VERSION = 1
 DEFAULT_LEARNING_READINGS = 1000

@@ -45,7 +45,7 @@ from scipy import stats
 from app.errors import DataError
 from app.learning.learn import DAY_S, WEEK_S, LearnedModel, learn
 from app.monitoring.incidents import QUIET_TO_JOIN, incident_spans
-from app.streams.recurrence import Readings
+from app.streams.blocks import Readings
 from app.streams.shadow import Run
 
 DRIFT_BLOCKS = 24

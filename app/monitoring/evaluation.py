@@ -27,7 +27,8 @@ from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
 from app.series import Series
 from app.simulation.faults import Fault
 from app.simulation.twin import simulate
-from app.streams.recurrence import Readings, Recurrence
+from app.streams.blocks import Readings
+from app.streams.recurrence import Recurrence
 
 DETECTION_MARGIN = 20
 RECOVERY = 70

@@ -14,8 +14,9 @@ from sqlalchemy import event
 from sqlalchemy.orm import Session, SessionTransaction
 
 from app.learning.learn import LearnedModel
+from app.streams.blocks import StreamState
 from app.streams.learning import Learning
-from app.streams.recurrence import Recurrence, StreamState
+from app.streams.recurrence import Recurrence
 
 log = logging.getLogger(__name__)
 

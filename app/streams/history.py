@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from app.streams.recurrence import FloatArray
+from app.streams.blocks import FloatArray
 
 
 @dataclass(frozen=True)

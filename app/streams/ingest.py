@@ -23,9 +23,10 @@ from app.monitoring.alarms import AlarmEvent
 from app.storage.models import Alarm
 from app.storage.repositories import alarms as alarm_repo
 from app.storage.repositories import readings as reading_repo
+from app.streams.blocks import Readings, StreamResult
 from app.streams.held import LiveStream
 from app.streams.live import LiveStreams
-from app.streams.recurrence import Readings, Recurrence, StreamResult
+from app.streams.recurrence import Recurrence
 
 VALUE = None
 """The column of readings sent as a single `value`: channel 0 of a one-channel stream."""

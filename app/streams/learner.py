@@ -31,13 +31,13 @@ from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
 from app.storage.repositories.alarms import Applied
 from app.streams import handover
+from app.streams.blocks import Readings
 from app.streams.learning import (
     LearningPlan,
     revised_monitor,
 )
 from app.streams.live import LiveStreams
 from app.streams.recomputed import shadowed
-from app.streams.recurrence import Readings
 
 log = logging.getLogger(__name__)
 

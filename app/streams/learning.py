@@ -37,7 +37,8 @@ from app.learning.learn import DEFAULT_LEARNING_READINGS, MIN_READINGS, LearnedM
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.incidents import alarm_spans
 from app.monitoring.monitor import MISSING_READINGS, MonitorConfig
-from app.streams.recurrence import DEFAULT_MAX_GAP, Readings, Recurrence, StreamState
+from app.streams.blocks import Readings, StreamState
+from app.streams.recurrence import DEFAULT_MAX_GAP, Recurrence
 
 log = logging.getLogger(__name__)
 

@@ -40,6 +40,7 @@ from app.storage.repositories import learned as learned_repo
 from app.storage.repositories import model_versions as version_repo
 from app.storage.repositories import readings as reading_repo
 from app.storage.repositories import streams as stream_repo
+from app.streams.blocks import Readings, StreamState
 from app.streams.held import LiveStream, Slot, pending_of
 from app.streams.kinds import Kind, Kinds
 from app.streams.learning import Replayed, replay
@@ -48,9 +49,7 @@ from app.streams.recurrence import (
     DEFAULT_MAX_GAP,
     READABLE_STATE_VERSIONS,
     STATE_VERSION,
-    Readings,
     Recurrence,
-    StreamState,
 )
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,8 @@ from sqlalchemy.orm import Session
 from app.errors import DataError
 from app.storage.models import Stream
 from app.storage.repositories import readings as reading_repo
-from app.streams.recurrence import Readings, Recurrence, StreamResult
+from app.streams.blocks import Readings, StreamResult
+from app.streams.recurrence import Recurrence
 from app.streams.shadow import Run
 from app.streams.shadow import run as shadow_run
 

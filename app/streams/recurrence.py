@@ -25,18 +25,18 @@ Missing readings and gaps follow one rule:
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from app.errors import DataError
 from app.forecasting.base import Forecaster
-from app.monitoring.alarms import AlarmEvent
-from app.monitoring.monitor import HOLDING, Monitor, MonitorConfig, MonitorState
+from app.monitoring.monitor import HOLDING, Monitor, MonitorConfig
+from app.streams.blocks import BlockResult, FloatArray, Readings, StreamState, sized
+from app.streams.gaps import DROPPED, IMPUTED, REAL, Plan, plan_block, restarts
+from app.streams.legacy import from_json
 from app.streams.saved import MAGIC as SAVED_MAGIC
 from app.streams.saved import SavedState
 
@@ -46,203 +46,6 @@ STATE_VERSION = 3
 READABLE_STATE_VERSIONS = (2, 3)
 DEFAULT_MAX_GAP = 10
 """Nulls in a row, and sample periods of silence, after which a stream warms up again."""
-
-FloatArray = np.ndarray
-
-
-@dataclass(slots=True)
-class StreamState:
-    """Everything one stream carries from one reading to the next; its size never grows."""
-
-    samples: int  # readings seen: the sample index of the next one
-    last_time: int | None  # the last reading's time, microseconds since the epoch
-    run: int  # readings since the stream (re)started warming up, counted up to the window
-    since_imputed: int  # readings since the last imputed one, counted up to the window
-    missing_run: int  # null readings in a row just seen
-    history: FloatArray  # (context, C) the latest readings (imputed ones included); NaN: none
-    carry: FloatArray  # (carry_size,) float32: what the forecaster keeps between readings
-    pending: FloatArray  # (outputs,) the forecast made after the last reading; NaN: none
-    monitor: MonitorState
-    latest: FloatArray  # (2 targets + detectors,) the last forecasts, residuals, statistics
-    held: int = 0  # readings in a row kept out of the history (an alarm open): see `advance`
-
-    def copy(self) -> StreamState:
-        """An independent copy: `Recurrence.advance` replaces the arrays, never writes into
-        them, and changes the monitor's rule states in place (copied)."""
-        return StreamState(
-            self.samples,
-            self.last_time,
-            self.run,
-            self.since_imputed,
-            self.missing_run,
-            self.history,
-            self.carry,
-            self.pending,
-            self.monitor.copy(),
-            self.latest,
-            self.held,
-        )
-
-    def become(self, other: StreamState) -> None:
-        """Take `other`'s values (a copy made before a block, to redo it)."""
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(other, name))
-
-    def to_bytes(self, monitor: Monitor) -> bytes:
-        """The checkpoint (`app/streams/saved.py`: a layout decoded in microseconds). The last
-        reading's time is stored beside it (`Recurrence.restore` takes it back)."""
-        return SavedState(
-            samples=self.samples,
-            run=self.run,
-            since_imputed=self.since_imputed,
-            missing_run=self.missing_run,
-            held=self.held,
-            history=self.history.ravel(),
-            carry=self.carry,
-            pending=self.pending,
-            latest=self.latest,
-            monitor_values=self.monitor.values,
-            rules=dict(zip(monitor.kinds, self.monitor.rules, strict=True)),
-        ).to_bytes()
-
-
-def _sized(array: FloatArray, shape: tuple[int, ...], what: str) -> FloatArray:
-    if array.size != math.prod(shape):
-        raise DataError(f"stream state: {what} must be {shape} numbers")
-    if np.isinf(array).any():
-        raise DataError(f"stream state: {what} must be finite")
-    if array.shape == shape and array.dtype == np.float64 and array.base is None:
-        return array
-    # (a copy: a view would be one more object, and hold its base, for the stream's life)
-    return np.array(np.reshape(array, shape), dtype=np.float64)
-
-
-@dataclass(frozen=True)
-class Readings:
-    """New readings of N streams, stream after stream: `counts[i]` readings of stream i."""
-
-    counts: np.ndarray  # (N,) int
-    times: np.ndarray  # (R,) int64 microseconds since the epoch, increasing within a stream
-    values: np.ndarray  # (R, C) float64, NaN for a missing number
-    references: np.ndarray | None = None  # (R,) float64, NaN for none; None: no reference
-
-    @classmethod
-    def of_one(
-        cls,
-        times: np.ndarray,
-        values: np.ndarray,
-        references: np.ndarray | None = None,
-    ) -> Readings:
-        """One stream's readings."""
-        values = np.asarray(values, dtype=np.float64)
-        if values.ndim == 1:
-            values = values[:, None]
-        return cls(
-            np.array([len(values)]),
-            np.asarray(times, dtype=np.int64),
-            values,
-            None if references is None else np.asarray(references, dtype=np.float64),
-        )
-
-    def part(self, start: int, stop: int) -> Readings:
-        """Readings `start:stop` of one stream's."""
-        return Readings(
-            np.array([stop - start]),
-            self.times[start:stop],
-            self.values[start:stop],
-            None if self.references is None else self.references[start:stop],
-        )
-
-
-class StreamResult:
-    """One stream's part of a block: per reading (views of the block's arrays, cut when read:
-    a gateway's acknowledgement reads none of them) and its events."""
-
-    __slots__ = ("_block", "_index", "closed", "first_sample", "opened")
-
-    def __init__(self, block: BlockResult, index: int) -> None:
-        self._block, self._index = block, index
-        self.first_sample = block.first_samples[index]
-        self.opened = block.opened.get(index, [])
-        self.closed = block.closed.get(index, [])
-
-    def _part(self, values: np.ndarray) -> np.ndarray:
-        offsets = self._block.offsets
-        return values[int(offsets[self._index]) : int(offsets[self._index + 1])]
-
-    @property
-    def forecast(self) -> FloatArray:
-        """The first forecast channel's; NaN while warming up."""
-        return self._part(self._block.forecast)[:, 0]
-
-    @property
-    def residual(self) -> FloatArray:
-        """The first forecast channel's; NaN without a forecast, and for an imputed reading."""
-        return self._part(self._block.residual)[:, 0]
-
-    @property
-    def forecasts(self) -> FloatArray:
-        """(readings, targets): every forecast channel's."""
-        return self._part(self._block.forecast)
-
-    @property
-    def residuals(self) -> FloatArray:
-        """(readings, targets)."""
-        return self._part(self._block.residual)
-
-    @property
-    def imputed(self) -> np.ndarray:
-        """The reading was null and was imputed with its forecast."""
-        return self._part(self._block.imputed)
-
-    @property
-    def monitored(self) -> np.ndarray:
-        """The residual reached the detectors."""
-        return self._part(self._block.monitored)
-
-    @property
-    def reference_gap(self) -> FloatArray:
-        """Reading minus reference, as the level detector saw it (NaN: none)."""
-        return self._part(self._block.reference_gap)
-
-    @property
-    def statistics(self) -> dict[str, FloatArray]:
-        """Detector -> statistic, NaN where none."""
-        return {kind: self._part(values) for kind, values in self._block.statistics.items()}
-
-
-@dataclass(frozen=True)
-class BlockResult:
-    """What a block did, per reading in the order given (stream after stream)."""
-
-    offsets: np.ndarray  # (N + 1,): stream i's readings are [offsets[i], offsets[i + 1])
-    first_samples: list[int]
-    forecast: FloatArray  # (R, targets)
-    residual: FloatArray  # (R, targets)
-    imputed: np.ndarray
-    monitored: np.ndarray
-    reference_gap: FloatArray
-    statistics: dict[str, FloatArray]
-    opened: dict[int, list[AlarmEvent]]
-    closed: dict[int, list[AlarmEvent]]
-
-    def stream(self, index: int) -> StreamResult:
-        return StreamResult(self, index)
-
-
-# What happens to a reading (see the module's rule).
-_NONE, _REAL, _IMPUTED, _DROPPED = 0, 1, 2, 3
-
-
-@dataclass
-class _Plan:
-    """The bookkeeping of a block, (N, T) each: it depends on which readings are null and when
-    they came, never on a forecast, so it is settled before any forecasting."""
-
-    action: np.ndarray  # int8: _NONE (no reading), _REAL, _IMPUTED or _DROPPED
-    warm: np.ndarray  # bool: the reading has a forecast
-    fresh: np.ndarray  # bool: the reading starts a run (history and carry start afresh)
-    clean: np.ndarray  # bool: no imputed reading in its window
 
 
 class Recurrence:
@@ -317,7 +120,13 @@ class Recurrence:
         parts = (
             SavedState.from_bytes(saved)
             if saved[: len(SAVED_MAGIC)] == SAVED_MAGIC
-            else self._from_json(saved)
+            else from_json(
+                saved,
+                forecaster=self.forecaster,
+                monitor=self.monitor,
+                channels=self.channels,
+                window=self.window,
+            )
         )
         forecaster = self.forecaster
         samples, run, since_imputed = parts.samples, parts.run, parts.since_imputed
@@ -327,83 +136,30 @@ class Recurrence:
             or max(run, since_imputed) > self.window
         ):
             raise DataError("stream state: counters out of range")
-        carry = _sized(parts.carry, (forecaster.carry_size,), "carry")
+        carry = sized(parts.carry, (forecaster.carry_size,), "carry")
         if np.isnan(carry).any():
             raise DataError("stream state: the forecaster's carry must be numbers")
         if fresh_monitor:  # (its detectors' statistics are another monitor's: none yet)
             kept = 2 * self.targets
             monitor = self.monitor.new_state()
             latest = np.full(self._latest_size, np.nan)
-            latest[:kept] = _sized(parts.latest[:kept], (kept,), "latest")
+            latest[:kept] = sized(parts.latest[:kept], (kept,), "latest")
         else:
             monitor = self.monitor.state_from_parts(parts.monitor_values, parts.rules)
-            latest = _sized(parts.latest, (self._latest_size,), "latest")
+            latest = sized(parts.latest, (self._latest_size,), "latest")
         return StreamState(
             samples=samples,
             last_time=last_time,
             run=run,
             since_imputed=since_imputed,
             missing_run=parts.missing_run,
-            history=_sized(parts.history, (forecaster.context, self.channels), "history"),
+            history=sized(parts.history, (forecaster.context, self.channels), "history"),
             carry=carry.astype(np.float32),
-            pending=_sized(parts.pending, (forecaster.outputs,), "pending"),
+            pending=sized(parts.pending, (forecaster.outputs,), "pending"),
             monitor=monitor,
             latest=latest,
             held=held,
         )
-
-    def _from_json(self, saved: bytes) -> SavedState:
-        """A checkpoint an earlier release wrote as JSON."""
-        try:
-            loaded = json.loads(saved)
-        except ValueError:
-            raise DataError("stream state: neither this release's checkpoint nor JSON") from None
-        if not isinstance(loaded, dict):
-            raise DataError("stream state: not a JSON object")
-        if loaded.get("version") == 1:
-            loaded = self._upgrade(loaded)
-        if loaded.get("version") != 2:
-            raise DataError(f"stream state version {loaded.get('version')!r} is not supported")
-        monitor = loaded.get("monitor")
-        if isinstance(monitor, dict):
-            loaded["monitor"] = self.monitor.upgraded(monitor)
-        return SavedState.from_json(loaded)
-
-    def _upgrade(self, saved: Mapping[str, Any]) -> dict[str, Any]:
-        """A state written by twinwatch 0.1: its window of readings, a flag per reading for
-        the imputed ones, and a stateful model's (h, c)."""
-        try:
-            window = np.asarray(saved["window"], dtype=np.float64).reshape(-1, self.channels)
-            imputed = np.asarray(saved["imputed"], dtype=bool)
-            recurrent = saved.get("recurrent")
-            statistics = dict(saved.get("last_statistics") or {})
-        except (KeyError, TypeError, ValueError):
-            raise DataError("stream state (version 1) is malformed") from None
-        context = self.forecaster.context
-        history = np.full((context, self.channels), np.nan)
-        kept = window[-context:]
-        history[context - len(kept) :] = kept
-        marked = np.flatnonzero(imputed)
-        since = self.window if not marked.size else len(imputed) - 1 - int(marked[-1])
-        carry = self.forecaster.initial_carry(1)[0].astype(np.float64)
-        if recurrent is not None and self.forecaster.carry_size:
-            carry = np.concatenate((np.ravel(recurrent["h"]), np.ravel(recurrent["c"])))
-        return {
-            "version": STATE_VERSION,
-            "samples": saved.get("samples"),
-            "run": min(len(window), self.window),
-            "since_imputed": min(since, self.window),
-            "missing_run": saved.get("missing_run"),
-            "history": history.ravel().tolist(),
-            "carry": carry.tolist(),
-            "pending": saved.get("pending") or [None] * self.forecaster.outputs,
-            "monitor": saved.get("monitor"),
-            "latest": [
-                saved.get("last_forecast"),
-                saved.get("last_residual"),
-                *(statistics.get(kind) for kind in self.monitor.kinds),
-            ],
-        }
 
     def warmup_remaining(self, state: StreamState) -> int:
         """Readings still needed before the stream forecasts (and alarms) again."""
@@ -585,15 +341,25 @@ class Recurrence:
             )
             return cut
 
-        restart = padded(self._gaps(states, readings.times, offsets, counts, periods), False)
-        plan = self._plan(states, present, np.isnan(block).any(axis=2) & present, restart, counts)
+        restart = padded(
+            restarts(states, readings.times, offsets, counts, periods, self.max_gap), False
+        )
+        plan = plan_block(
+            states,
+            present,
+            np.isnan(block).any(axis=2) & present,
+            restart,
+            counts,
+            window=self.window,
+            max_gap=self.max_gap,
+        )
         held_before = np.array([state.held for state in states], dtype=np.int64)
         holding = np.zeros((streams, steps), dtype=bool)
         if hold:
-            holding[:] = plan.action == _REAL
+            holding[:] = plan.action == REAL
         forecast = self._forecast(states, block, plan, holding)
 
-        has_forecast = (plan.action == _REAL) & plan.warm
+        has_forecast = (plan.action == REAL) & plan.warm
         targets = self.targets
         residual = np.where(has_forecast[:, :, None], block[:, :, :targets] - forecast, np.nan)
         monitored = has_forecast & plan.clean & ~np.isnan(residual).any(axis=2)
@@ -605,7 +371,7 @@ class Recurrence:
             )
         missing = None
         if "missing" in self.monitor.kinds:  # (only a monitor that watches for them)
-            missing = np.where(present, (plan.action >= _IMPUTED).astype(np.float64), np.nan)
+            missing = np.where(present, (plan.action >= IMPUTED).astype(np.float64), np.nan)
         first_samples = [state.samples for state in states]
         watched_residual = np.where(monitored[:, :, None], residual, np.nan)
         held_out = None
@@ -631,12 +397,12 @@ class Recurrence:
         )
         forecast = np.where(plan.warm[:, :, None], forecast, np.nan)
         self._remember_latest(states, forecast, residual, watched.statistics)
-        appended = (plan.action == _REAL) | (plan.action == _IMPUTED)
+        appended = (plan.action == REAL) | (plan.action == IMPUTED)
         for row, state in enumerate(states):
             if counts[row]:
                 state.samples += int(counts[row])
                 state.last_time = int(readings.times[offsets[row + 1] - 1])
-                if hold or (state.held and (plan.action[row] == _IMPUTED).all()):
+                if hold or (state.held and (plan.action[row] == IMPUTED).all()):
                     state.held += int(appended[row].sum())
                 elif appended[row].any() or plan.fresh[row].any():
                     state.held = 0
@@ -646,7 +412,7 @@ class Recurrence:
             first_samples=first_samples,
             forecast=flat(forecast),
             residual=flat(residual),
-            imputed=flat(plan.action == _IMPUTED),
+            imputed=flat(plan.action == IMPUTED),
             monitored=flat(monitored),
             reference_gap=flat(gaps),
             statistics={kind: flat(values) for kind, values in watched.statistics.items()},
@@ -681,110 +447,8 @@ class Recurrence:
         for row, state in enumerate(states):
             state.latest = latest[row].copy()  # (a view would keep the whole block alive)
 
-    def _gaps(
-        self,
-        states: Sequence[StreamState],
-        times: np.ndarray,
-        offsets: np.ndarray,
-        counts: np.ndarray,
-        periods: Sequence[float],
-    ) -> np.ndarray:
-        """True where a reading follows the stream's previous one by more than `max_gap`
-        sample periods."""
-        previous = np.empty(len(times), dtype=np.int64)
-        previous[1:] = times[:-1]
-        firsts = offsets[:-1][counts > 0]
-        last = [
-            state.last_time for state, count in zip(states, counts.tolist(), strict=True) if count
-        ]
-        previous[firsts] = [
-            times[first] if t is None else t for t, first in zip(last, firsts, strict=True)
-        ]
-        limits = np.repeat(np.asarray(periods, dtype=np.float64) * self.max_gap, counts)
-        return np.asarray((times - previous) / 1e6 > limits)
-
-    def _plan(
-        self,
-        states: Sequence[StreamState],
-        present: np.ndarray,
-        null: np.ndarray,
-        restart: np.ndarray,
-        counts: np.ndarray,
-    ) -> _Plan:
-        """Which readings are forecast, imputed, dropped or start a run (the module's rule).
-        A stream without nulls or gaps in the block moves on in closed form; the others step
-        from event to event."""
-        steps = present.shape[1]
-        window = self.window
-        run = np.array([state.run for state in states], dtype=np.int64)
-        since = np.array([state.since_imputed for state in states], dtype=np.int64)
-        ages = np.arange(steps)
-        before = run[:, None] + ages  # readings in the run before each reading, no events
-        plan = _Plan(
-            action=np.where(present, _REAL, _NONE).astype(np.int8),
-            warm=before >= window,
-            fresh=before == 0,
-            clean=since[:, None] + ages >= window,
-        )
-        events = null | restart
-        eventful = set(np.flatnonzero(events.any(axis=1)).tolist()) if events.any() else set()
-        for row, state in enumerate(states):
-            if row in eventful:
-                self._plan_row(state, row, plan, null[row], restart[row], int(counts[row]))
-            elif counts[row]:
-                state.run = min(window, state.run + int(counts[row]))
-                state.since_imputed = min(window, state.since_imputed + int(counts[row]))
-                state.missing_run = 0
-        plan.warm &= present
-        plan.fresh &= present
-        return plan
-
-    def _plan_row(
-        self,
-        state: StreamState,
-        row: int,
-        plan: _Plan,
-        null: np.ndarray,
-        restart: np.ndarray,
-        count: int,
-    ) -> None:
-        window = self.window
-        run, since, missing = state.run, state.since_imputed, state.missing_run
-
-        def real(start: int, stop: int) -> None:
-            nonlocal run, since, missing
-            if stop > start:
-                ages = np.arange(stop - start)
-                plan.warm[row, start:stop] = run + ages >= window
-                plan.fresh[row, start:stop] = run + ages == 0
-                plan.clean[row, start:stop] = since + ages >= window
-                run, since = min(window, run + stop - start), min(window, since + stop - start)
-                missing = 0
-
-        start = 0  # the first reading not planned yet
-        for event in np.flatnonzero((null | restart)[:count]).tolist():
-            real(start, event)
-            if restart[event]:
-                run, since = 0, window
-            if not null[event]:
-                start = event  # a real reading after a gap: it starts the next stretch
-                continue
-            missing += 1
-            plan.fresh[row, event] = False
-            if missing > self.max_gap or run < window:
-                plan.action[row, event] = _DROPPED
-                plan.warm[row, event] = False
-                run, since = 0, window
-            else:
-                plan.action[row, event] = _IMPUTED
-                plan.warm[row, event], plan.clean[row, event] = True, False
-                run, since = min(window, run + 1), 0
-            start = event + 1
-        real(start, count)
-        state.run, state.since_imputed, state.missing_run = run, since, missing
-
     def _forecast(
-        self, states: Sequence[StreamState], block: np.ndarray, plan: _Plan, holding: np.ndarray
+        self, states: Sequence[StreamState], block: np.ndarray, plan: Plan, holding: np.ndarray
     ) -> np.ndarray:
         """Each reading's forecast of each target, (N, T, targets) (NaN where none), the
         forecaster called once per stretch of
@@ -801,10 +465,10 @@ class Recurrence:
         history = np.array([state.history for state in states])
         carry = np.array([state.carry for state in states])
         pending = np.array([state.pending for state in states])
-        appended = (plan.action == _REAL) | (plan.action == _IMPUTED)
+        appended = (plan.action == REAL) | (plan.action == IMPUTED)
         cuts = [0, steps]
         if steps > 1:
-            breaks = (plan.action == _IMPUTED) | (plan.action == _DROPPED) | plan.fresh | holding
+            breaks = (plan.action == IMPUTED) | (plan.action == DROPPED) | plan.fresh | holding
             breaks[:, 1:] |= appended[:, 1:] != appended[:, :-1]
             cuts = [0, *np.flatnonzero(breaks[:, 1:].any(axis=0)) + 1, steps]
         for start, stop in itertools.pairwise(cuts):
@@ -818,7 +482,7 @@ class Recurrence:
                 history[fresh] = np.nan
                 carry[fresh] = forecaster.initial_carry(fresh.size)
                 pending[fresh] = np.nan
-            imputed = selected[plan.action[selected, start] == _IMPUTED]
+            imputed = selected[plan.action[selected, start] == IMPUTED]
             if imputed.size:
                 guess = block[imputed, start].copy()
                 guess[:, :targets] = np.where(

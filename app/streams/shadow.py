@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from app.monitoring.alarms import AlarmEvent
-from app.streams.recurrence import Readings, Recurrence
+from app.streams.blocks import Readings
+from app.streams.recurrence import Recurrence
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from app.errors import DataError
 from app.forecasting.baselines import Naive
 from app.forecasting.linear_ar import LinearAR
 from app.jobs.work import MIN_HOLDOUT, holdout_thresholds, retrained
-from app.streams.recurrence import Readings
+from app.streams.blocks import Readings
 
 PERIOD = 0.1
 

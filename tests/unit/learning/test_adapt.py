@@ -11,8 +11,8 @@ from app.monitoring.detectors import DETECTORS
 from app.monitoring.incidents import incident_spans
 from app.simulation.faults import Fault, FaultType, inject_faults
 from app.simulation.twin import simulate
+from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising
-from app.streams.recurrence import Readings
 
 LEARN = 6000  # ten minutes of the twin at 10 Hz
 

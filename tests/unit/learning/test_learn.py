@@ -12,8 +12,8 @@ from app.learning import thresholds
 from app.learning.learn import LearnedModel, learn, sample_period, seasonal_periods
 from app.learning.thresholds import RMS_LONG_WINDOW, RMS_WINDOW
 from app.monitoring.monitor import MonitorConfig, RollingRMSConfig
+from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising
-from app.streams.recurrence import Readings
 
 
 def micros(seconds: np.ndarray) -> np.ndarray:

@@ -12,8 +12,8 @@ from app.learning.learn import LearnedModel, learn
 from app.monitoring.incidents import incident_spans
 from app.monitoring.monitor import MahalanobisConfig
 from app.schemas import MAX_CHANNELS
+from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising
-from app.streams.recurrence import Readings
 
 T0 = 1_700_000_000_000_000
 LEARNING = 1000

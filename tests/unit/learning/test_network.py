@@ -15,7 +15,7 @@ from app.learning.learn import LearnedModel, learn
 from app.learning.network import LSTM_MIN_READINGS, not_tried
 from app.registry import SHIPPED_MODELS_DIR
 from app.simulation.twin import simulate
-from app.streams.recurrence import Readings
+from app.streams.blocks import Readings
 
 READINGS = LSTM_MIN_READINGS + 2000
 

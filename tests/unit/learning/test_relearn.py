@@ -22,8 +22,9 @@ from app.monitoring.alarms import AlarmEvent
 from app.monitoring.incidents import QUIET_TO_JOIN, alarm_spans
 from app.simulation import Fault, FaultType, inject_faults, simulate
 from app.simulation.twin import TwinRun
+from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising
-from app.streams.recurrence import Readings, Recurrence
+from app.streams.recurrence import Recurrence
 from app.streams.shadow import Run, run
 
 LEARNING = 4000

@@ -25,8 +25,8 @@ import pytest
 from app.benchmark.scoring import budget_check
 from app.learning.learn import LearnedModel, learn
 from app.monitoring.incidents import incident_spans
+from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising
-from app.streams.recurrence import Readings
 
 DAY = 86_400.0
 

@@ -17,8 +17,8 @@ import pytest
 from app.learning.learn import learn
 from app.monitoring.incidents import incident_spans
 from app.simulation import Fault, FaultType, inject_faults
+from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising
-from app.streams.recurrence import Readings
 
 LEARNING = 4000
 START, END, COUNT = 5000, 6500, 8000

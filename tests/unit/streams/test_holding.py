@@ -15,7 +15,8 @@ from app.learning.learn import LearnedModel, learn
 from app.learning.thresholds import RMS_WINDOW
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.incidents import incident_spans
-from app.streams.recurrence import Readings, Recurrence, StreamState
+from app.streams.blocks import Readings, StreamState
+from app.streams.recurrence import Recurrence
 
 T0 = 1_700_000_000_000_000
 

@@ -21,7 +21,8 @@ from app.monitoring.calibration import HoldOut, calibrate_margins
 from app.monitoring.evaluation import stream_record
 from app.monitoring.monitor import MISSING_READINGS, MonitorConfig, PointConfig
 from app.series import Series
-from app.streams.recurrence import Readings, Recurrence, StreamResult
+from app.streams.blocks import Readings, StreamResult
+from app.streams.recurrence import Recurrence
 from app.streams.saved import SavedState
 
 PERIOD = 0.1
@@ -324,3 +325,31 @@ def test_a_state_saved_under_other_detectors_resumes_with_them_afresh(
     (result,) = advance(changed, [resumed], lab, [(0, 400, 500)])
     (expected,) = advance(recurrence, [state], lab, [(0, 400, 500)])
     np.testing.assert_array_equal(result.forecasts, expected.forecasts)
+
+
+def test_a_checkpoint_of_twinwatch_0_1_still_resumes(recurrence: Recurrence, lab: Lab) -> None:
+    """twinwatch 0.1 saved a window of readings and a flag per reading for the imputed ones: a
+    stream saved then resumes with that window as its history (it was refused once the layout
+    after it got a new version number)."""
+    state = recurrence.new_state()
+    advance(recurrence, [state], lab, [(0, 0, 700)])
+    monitor = recurrence.monitor
+    window = state.history[-recurrence.window :]
+    saved = {
+        "version": 1,
+        "samples": state.samples,
+        "window": window.ravel().tolist(),
+        "imputed": [False] * len(window),
+        "missing_run": 0,
+        "pending": [None if np.isnan(x) else float(x) for x in state.pending],
+        "monitor": monitor.state_to_json(state.monitor),
+        "last_forecast": 0.1,
+        "last_residual": 0.2,
+        "last_statistics": {},
+    }
+    resumed = recurrence.restore(json.dumps(saved).encode(), state.last_time)
+    assert resumed.samples == state.samples
+    assert resumed.run == min(len(window), recurrence.window)  # (the readings it kept)
+    np.testing.assert_array_equal(resumed.history[-len(window) :], window)
+    again = recurrence.restore(resumed.to_bytes(monitor), state.last_time)
+    assert again.to_bytes(monitor) == resumed.to_bytes(monitor)

@@ -4,7 +4,8 @@ import numpy as np
 
 from app.forecasting.baselines import Naive
 from app.monitoring.monitor import MonitorConfig, PointConfig
-from app.streams.recurrence import Readings, Recurrence
+from app.streams.blocks import Readings
+from app.streams.recurrence import Recurrence
 from app.streams.shadow import run
 
 
