@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -31,7 +30,6 @@ from typing import TypeVar
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from prometheus_client import start_http_server
 from pydantic import ValidationError
 from pydantic_core import to_json
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -39,26 +37,26 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeoutError
 from sqlalchemy.orm import Session
 
 from app.bus.changes import CHANGES
-from app.bus.jetstream import Bus, fits, open_bus, worker_name
+from app.bus.jetstream import Bus, fits, worker_name
 from app.bus.leases import Leases
 from app.bus.messages import (
-    CHANGE_HEADER,
     MSG_ID_HEADER,
     REPLY_HEADER,
-    RESULTS_HEADER,
-    STREAM_HEADER,
     Answer,
+    Parsed,
+    groups_of,
+    more_behind,
+    parse,
+    problem_answer,
+    published_at,
+    readings_in,
     reply_of,
 )
 from app.bus.partitions import partition_of
 from app.errors import AppError, DataError
 from app.jobs.runner import JobRunner
-from app.metrics import Metrics
-from app.registry import default_loader
-from app.schemas import PROBLEM_MEDIA_TYPE, ManyReadingsIn, StreamReadingsIn
-from app.service.engine import Engine, ServiceState, open_engine, resume_streams
-from app.service.readings import answer_of, ingest_request, request_size
-from app.settings import Settings
+from app.service.engine import Engine, ServiceState, resume_streams
+from app.service.readings import answer_of, ingest_request
 from app.storage.repositories import bus as bus_repo
 from app.storage.repositories.bus import FencedError
 from app.streams.ingest import IngestOutcome
@@ -285,10 +283,10 @@ class Worker:
                     await asyncio.sleep(RETRY_S)
                     continue
                 if messages:
-                    self.backlog[partition] = _published(messages[0])
+                    self.backlog[partition] = published_at(messages[0])
                 if await self._handle(partition, acquired, messages):
-                    if messages and _more_behind(messages[-1]):
-                        self.backlog[partition] = _published(messages[-1])
+                    if messages and more_behind(messages[-1]):
+                        self.backlog[partition] = published_at(messages[-1])
                     else:
                         self.backlog.pop(partition, None)
                     continue
@@ -329,7 +327,7 @@ class Worker:
         group not taken (it and the rest stay unacknowledged, to be delivered again in
         order)."""
         most = self.engine.settings.max_batch
-        for group in _groups([_parse(message) for message in messages], most):
+        for group in groups_of([parse(message) for message in messages], most):
             try:
                 answers = await self._committed(partition, acquired, group)
             except StaleError:
@@ -403,7 +401,7 @@ class Worker:
         readings = 0
         while self.waiting:
             work = self.waiting[0]
-            size = sum(_readings(one) for one in work.group)
+            size = sum(readings_in(one) for one in work.group)
             if taken and readings + size > most:
                 break
             self.waiting.pop(0)
@@ -459,7 +457,7 @@ class Worker:
         once however often the message is delivered."""
         handler = CHANGES.get(one.change or "")
         if handler is None or one.stream is None:
-            return _problem(DataError(f"not a change a worker makes: {one.change!r}"))
+            return problem_answer(DataError(f"not a change a worker makes: {one.change!r}"))
         message_id = (one.message.headers or {}).get(MSG_ID_HEADER)
         try:
             with self.engine.database.session() as session:
@@ -481,9 +479,9 @@ class Worker:
         except FencedError:
             raise
         except AppError as exc:
-            return _problem(exc)
+            return problem_answer(exc)
         except ValidationError as exc:  # the API checked it: only a foreign publisher
-            return _problem(DataError(f"not a change of a stream: {exc.errors()[0]['msg']}"))
+            return problem_answer(DataError(f"not a change of a stream: {exc.errors()[0]['msg']}"))
 
     def _process_alone(self, work: _Work, epoch: int) -> list[list[Answer]]:
         fence = [(work.partition, epoch)]
@@ -495,11 +493,11 @@ class Worker:
         except AppError as exc:
             if sum(len(one.batches) for one in work.group) == 1:
                 return [
-                    [_problem(one.problem)] if one.problem else [_problem(exc)]
+                    [problem_answer(one.problem)] if one.problem else [problem_answer(exc)]
                     for one in work.group
                 ]
             # one of its batches: each on its own, below
-        answers = [[_problem(one.problem)] if one.problem else [] for one in work.group]
+        answers = [[problem_answer(one.problem)] if one.problem else [] for one in work.group]
         for one, answered in zip(work.group, answers, strict=True):
             for batch in one.batches:
                 single = Parsed(one.message, [batch], one.with_results, None)
@@ -508,7 +506,7 @@ class Worker:
                 except FencedError:
                     raise
                 except AppError as exc:
-                    answer = _problem(exc)
+                    answer = problem_answer(exc)
                 answered.append(answer)
         return answers
 
@@ -538,7 +536,7 @@ class Worker:
             for one in group:
                 mine = [next(outcomes) for _ in one.batches]
                 answers[-1].append(
-                    [_problem(one.problem)] if one.problem else self._answers(mine, one)
+                    [problem_answer(one.problem)] if one.problem else self._answers(mine, one)
                 )
         return answers
 
@@ -564,19 +562,6 @@ class Worker:
 
 
 @dataclass(frozen=True)
-class Parsed:
-    """A message read: its batches (none if it was not a batch of readings: then the problem
-    it is answered with), and whether its sender asked for results."""
-
-    message: Msg
-    batches: list[StreamReadingsIn]
-    with_results: bool
-    problem: AppError | None
-    change: str | None = None  # a change of `stream` (`app/api/changes.py`), not readings
-    stream: str | None = None
-
-
-@dataclass(frozen=True)
 class _Work:
     """A partition's group of messages waiting for a transaction, and their answers to come."""
 
@@ -596,105 +581,3 @@ def stop_if_cancelled(error: BaseException | None = None) -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError from error
-
-
-def _more_behind(message: Msg) -> bool:
-    """Whether the partition held more messages after this one when it was fetched."""
-    try:
-        return bool(message.metadata.num_pending)
-    except (nats.errors.NotJSMessageError, ValueError, IndexError):  # not a JetStream delivery
-        return False
-
-
-def _published(message: Msg) -> float:
-    """When the message reached the bus (the NATS server's clock), as a wall-clock time."""
-    try:
-        return message.metadata.timestamp.timestamp()
-    except (nats.errors.NotJSMessageError, ValueError, IndexError):
-        return time.time()
-
-
-def _parse(message: Msg) -> Parsed:
-    headers = message.headers or {}
-    with_results = headers.get(RESULTS_HEADER, "1") != "0"
-    if CHANGE_HEADER in headers:
-        return Parsed(message, [], False, None, headers[CHANGE_HEADER], headers.get(STREAM_HEADER))
-    try:
-        body = ManyReadingsIn.model_validate_json(message.data)
-    except ValidationError as exc:  # the API checked it: only a foreign publisher
-        problem = DataError(f"not a message of readings: {exc.errors()[0]['msg']}")
-        return Parsed(message, [], with_results, problem)
-    return Parsed(message, body.streams, with_results, None)
-
-
-GROUP = 256  # batches committed together at most from one partition
-
-
-def _groups(messages: list[Parsed], most_readings: int) -> list[list[Parsed]]:
-    """The messages in order, cut where a stream comes again (one request holds a stream
-    once), or where a group would hold more than GROUP batches or `most_readings` readings
-    (what one request may: a message is one request's at most); a change is a group of its
-    own."""
-    groups: list[list[Parsed]] = []
-    seen: set[str] = set()
-    batches = readings = 0
-    for one in messages:
-        streams = {batch.stream for batch in one.batches}
-        count = _readings(one)
-        alone = one.change is not None or (groups and groups[-1][0].change is not None)
-        full = batches + len(streams) > GROUP or readings + count > most_readings
-        if not groups or alone or not seen.isdisjoint(streams) or full:
-            groups.append([])
-            seen, batches, readings = set(), 0, 0
-        groups[-1].append(one)
-        seen |= streams
-        batches += len(one.batches)
-        readings += count
-    return groups
-
-
-def _readings(one: Parsed) -> int:
-    return request_size([(batch.stream, batch.readings) for batch in one.batches])
-
-
-def _problem(error: AppError) -> Answer:
-    return Answer(error.status, to_json(error.problem()), PROBLEM_MEDIA_TYPE)
-
-
-async def run_worker(
-    settings: Settings,
-    *,
-    metrics_port: int | None,
-    name: str | None,
-    after_startup: Callable[[], None] | None = None,
-) -> None:
-    """The `twinwatch worker` process: until SIGTERM or SIGINT (then its partitions are given
-    back at once, after a checkpoint of its streams). `after_startup`: once the engine is
-    open (the serving process's garbage-collector tuning, as for `twinwatch serve`)."""
-    if not settings.bus_url:
-        raise DataError("a worker needs the bus: set TWINWATCH_BUS_URL (nats://host:4222)")
-    metrics = Metrics(settings.metrics_per_stream)
-    engine = await asyncio.to_thread(open_engine, settings, metrics, default_loader)
-    if after_startup is not None:
-        after_startup()
-    if metrics_port:
-        start_http_server(metrics_port, registry=metrics.registry)
-    name = name or worker_name()
-    bus = await open_bus(
-        settings.bus_url,
-        name=name,
-        partitions=settings.bus_partitions,
-        lease_s=settings.bus_lease_s,
-        replicas=settings.bus_replicas,
-    )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, stop.set)
-    log.info("worker %s on %s, %d partitions", name, settings.bus_url, bus.partitions)
-    try:
-        await Worker(engine, bus, name).run(stop)
-    finally:
-        await bus.close()
-        await asyncio.to_thread(engine.learner.shutdown)
-        engine.database.dispose()

@@ -120,7 +120,7 @@ def worker_command(
     """
     import asyncio
 
-    from app.bus.worker import run_worker
+    from app.bus.process import run_worker
 
     settings = load_settings()
     configure_logging(settings)

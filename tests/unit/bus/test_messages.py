@@ -88,7 +88,7 @@ def test_a_message_body_is_the_many_streams_request() -> None:
 
 def parsed(*streams: tuple[str, int]) -> Any:
     """A message read by a worker: (stream, readings) batches."""
-    from app.bus.worker import Parsed
+    from app.bus.messages import Parsed
     from app.schemas import StreamReadingsIn
 
     batches = [
@@ -104,7 +104,7 @@ def parsed(*streams: tuple[str, int]) -> Any:
 
 
 def test_a_worker_groups_distinct_streams_up_to_a_request_s_readings() -> None:
-    from app.bus.worker import Parsed, _groups
+    from app.bus.messages import Parsed, groups_of
 
     change = Parsed(cast(Any, None), [], False, None, change="switch", stream="d")
     messages = [
@@ -116,7 +116,7 @@ def test_a_worker_groups_distinct_streams_up_to_a_request_s_readings() -> None:
         change,  # alone
         parsed(("f", 1)),
     ]
-    groups = _groups(messages, most_readings=6)
+    groups = groups_of(messages, most_readings=6)
     sizes = [[len(one.batches) for one in group] for group in groups]
     assert sizes == [[2], [1, 1], [1], [1], [0], [1]]
     assert groups[4] == [change]
