@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from app.errors import AppError, ArtifactError
 from app.learning.learn import LearnedModel
-from app.monitoring.monitor import MonitorConfig
+from app.monitoring.config import MonitorConfig
 from app.registry import (
     AUTO,
     ArtifactLoader,

@@ -19,7 +19,7 @@ from app.forecasting.artifacts import load_model
 from app.forecasting.base import Forecaster
 from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.learning.network import LSTM_TRAINING
-from app.monitoring.monitor import MissingConfig, MonitorConfig
+from app.monitoring.config import MissingConfig, MonitorConfig
 from app.registry import SHIPPED_MODELS_DIR
 from app.simulation.faults import LAB_FAULTS, inject_faults
 from app.simulation.twin import simulate

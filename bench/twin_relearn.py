@@ -24,8 +24,8 @@ import numpy as np
 from app.learning.learn import LearnedModel, learn
 from app.learning.network import torch_available
 from app.learning.relearn import DriftError, Verdict, relearned_from_history, verdict
+from app.monitoring.config import MonitorConfig, RollingRMSConfig
 from app.monitoring.incidents import alarm_spans, incident_spans
-from app.monitoring.monitor import MonitorConfig, RollingRMSConfig
 from app.simulation.faults import LAB_FAULTS, inject_faults
 from app.simulation.twin import TwinRun, simulate
 from app.streams.blocks import Readings

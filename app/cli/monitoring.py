@@ -14,7 +14,7 @@ from rich.table import Table
 from app.errors import DataError
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.calibration import Margins
-from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
+from app.monitoring.config import DETECTOR_ORDER, MonitorConfig
 
 _MARGINS = Margins()
 DEFAULT_THRESHOLDS = (

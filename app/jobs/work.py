@@ -21,7 +21,7 @@ from app.learning.adapt import refit
 from app.learning.learn import LearnedModel, learn
 from app.monitoring.alarms import AlarmPolicy
 from app.monitoring.calibration import DetectorSettings, HoldOut, calibrate_rate
-from app.monitoring.monitor import MonitorConfig
+from app.monitoring.config import MonitorConfig
 from app.monitoring.workflow import WATCH_ONLY
 from app.streams.blocks import Readings
 from app.streams.recurrence import Recurrence

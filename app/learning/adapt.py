@@ -30,8 +30,8 @@ import numpy as np
 
 from app.learning.learn import LearnedModel
 from app.learning.thresholds import ChannelScale, detectors_for
+from app.monitoring.config import MonitorConfig, RollingRMSConfig
 from app.monitoring.detectors import DETECTORS
-from app.monitoring.monitor import MonitorConfig, RollingRMSConfig
 
 REVISE_EVERY = 10
 """The most learning periods of readings between two revisions."""

@@ -25,7 +25,7 @@ from app.forecasting.base import Forecaster
 from app.forecasting.lagged import ChannelFit, LaggedLinear, fit_channel, holdout_split
 from app.learning.network import NetworkCandidate, failed, judge, not_tried, train_network
 from app.learning.thresholds import ChannelScale, detectors_for
-from app.monitoring.monitor import MissingConfig, MonitorConfig
+from app.monitoring.config import MissingConfig, MonitorConfig
 from app.streams.blocks import Readings, StreamResult
 from app.streams.recurrence import DEFAULT_MAX_GAP, Recurrence
 

@@ -40,7 +40,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from scipy import stats
 
 from app.monitoring.alarms import AlarmPolicy
-from app.monitoring.monitor import (
+from app.monitoring.config import (
     DetectorConfig,
     FrozenConfig,
     LevelConfig,

@@ -37,19 +37,19 @@ from numpy.typing import NDArray
 
 from app.errors import DataError
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy, AlarmRule, RuleState
-from app.monitoring.detectors import Direction, FloatArray, cusum_kappa
-from app.monitoring.monitor import (
+from app.monitoring.config import (
     CusumConfig,
     DetectorConfig,
     LevelConfig,
     MahalanobisConfig,
-    Monitor,
     MonitorConfig,
     PointConfig,
     RollingRMSConfig,
     VarianceFloorConfig,
     build_detector,
 )
+from app.monitoring.detectors import Direction, FloatArray, cusum_kappa
+from app.monitoring.monitor import Monitor
 
 SECONDS_PER_DAY = 86400.0
 MIN_EVENTS = 10

@@ -21,9 +21,9 @@ from numpy.typing import NDArray
 from app.forecasting.base import Forecaster
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.calibration import SECONDS_PER_DAY
+from app.monitoring.config import DETECTOR_ORDER, MonitorConfig
 from app.monitoring.detectors import FloatArray
 from app.monitoring.incidents import incident_spans
-from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
 from app.series import Series
 from app.simulation.faults import Fault
 from app.simulation.twin import simulate

@@ -10,8 +10,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from app.monitoring.config import DETECTOR_ORDER, MonitorConfig
 from app.monitoring.evaluation import MonitoredRecord
-from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
 from app.simulation.faults import Fault
 
 _TITLES = {

@@ -23,6 +23,7 @@ from app.monitoring.calibration import (
     calibrate_margins,
     calibrate_rate,
 )
+from app.monitoring.config import MonitorConfig, PointConfig
 from app.monitoring.evaluation import (
     RECOVERY,
     MonitoredRecord,
@@ -30,7 +31,6 @@ from app.monitoring.evaluation import (
     score_faults,
     stream_record,
 )
-from app.monitoring.monitor import MonitorConfig, PointConfig
 from app.series import VALUE_COLUMN, Series, read_csv
 from app.simulation.faults import Fault, load_schedule
 

@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 from app.errors import AppError, ConflictError, DataError
 from app.learning.learn import LearnedModel
 from app.learning.thresholds import LEARNED_DETECTORS
-from app.monitoring.monitor import MISSING_READINGS
+from app.monitoring.config import MISSING_READINGS
 from app.registry import AUTO
 from app.schemas import (
     ChannelModelOut,

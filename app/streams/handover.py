@@ -17,7 +17,7 @@ from app.errors import ArtifactError, ConflictError, DataError, NotFoundError
 from app.learning.learn import LearnedModel
 from app.learning.relearn import RelearnPlan
 from app.monitoring.alarms import AlarmEvent
-from app.monitoring.monitor import MonitorConfig
+from app.monitoring.config import MonitorConfig
 from app.registry import AUTO, RegisteredModel, learned_name
 from app.storage.models import ModelVersion, Stream
 from app.storage.repositories import alarms as alarm_repo

@@ -13,7 +13,7 @@ from typing import Any
 
 from app.errors import DataError
 from app.learning.learn import LearnedModel
-from app.monitoring.monitor import MonitorConfig
+from app.monitoring.config import MonitorConfig
 from app.registry import AUTO, ModelRegistry, RegisteredModel, learned_name
 from app.storage.models import LearnedModel as LearnedModelRow
 from app.storage.models import Stream

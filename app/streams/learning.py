@@ -35,8 +35,8 @@ from app.forecasting.lagged import ChannelFit, LaggedLinear
 from app.learning.adapt import next_revision, revise
 from app.learning.learn import DEFAULT_LEARNING_READINGS, MIN_READINGS, LearnedModel
 from app.monitoring.alarms import AlarmEvent
+from app.monitoring.config import MISSING_READINGS, MonitorConfig
 from app.monitoring.incidents import alarm_spans
-from app.monitoring.monitor import MISSING_READINGS, MonitorConfig
 from app.streams.blocks import Readings, StreamState
 from app.streams.recurrence import DEFAULT_MAX_GAP, Recurrence
 

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.errors import ArtifactError, DataError
-from app.monitoring.monitor import MISSING_READINGS, MonitorConfig
+from app.monitoring.config import MISSING_READINGS, MonitorConfig
 from app.registry import RegisteredModel
 
 

@@ -33,7 +33,8 @@ import numpy as np
 
 from app.errors import DataError
 from app.forecasting.base import Forecaster
-from app.monitoring.monitor import HOLDING, Monitor, MonitorConfig
+from app.monitoring.config import MonitorConfig
+from app.monitoring.monitor import HOLDING, Monitor
 from app.streams.blocks import BlockResult, FloatArray, Readings, StreamState, sized
 from app.streams.gaps import DROPPED, IMPUTED, REAL, Plan, plan_block, restarts
 from app.streams.legacy import from_json

@@ -33,8 +33,8 @@ from app.errors import AppError
 from app.figures import INSTALL, have_matplotlib
 from app.logs import configure_logging
 from app.monitoring.alarms import AlarmEvent
+from app.monitoring.config import DETECTOR_ORDER, MonitorConfig
 from app.monitoring.evaluation import DETECTION_MARGIN, RECOVERY, MonitoredRecord
-from app.monitoring.monitor import DETECTOR_ORDER, MonitorConfig
 from app.registry import AUTO, model_directories
 from app.settings import Settings
 from app.simulation.faults import LAB_FAULTS, Fault

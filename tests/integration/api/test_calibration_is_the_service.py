@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 
 from app.main import create_app
 from app.monitoring.calibration import Margins, budget_shares, margin_threshold, rate_threshold
-from app.monitoring.monitor import MonitorConfig, build_detector
+from app.monitoring.config import MonitorConfig, build_detector
 from app.monitoring.workflow import calibrate
 from app.settings import Settings
 from app.storage.db import Database

@@ -17,9 +17,9 @@ from fastapi.testclient import TestClient
 
 from app.forecasting.artifacts import load_model
 from app.main import create_app
+from app.monitoring.config import MonitorConfig
 from app.monitoring.evaluation import stream_record
 from app.monitoring.incidents import alarm_spans
-from app.monitoring.monitor import MonitorConfig
 from app.schemas import ManyReadingsOut
 from app.series import Series
 from app.settings import Settings

@@ -17,9 +17,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.forecasting.artifacts import load_model
 from app.main import create_app
+from app.monitoring.config import MonitorConfig
 from app.monitoring.evaluation import stream_record
 from app.monitoring.incidents import alarm_spans
-from app.monitoring.monitor import MonitorConfig
 from app.schemas import ReadingsOut
 from app.series import Series
 from app.settings import Settings

@@ -11,7 +11,7 @@ from app.cli import main
 from app.forecasting.artifacts import load_model, save_model
 from app.forecasting.linear_ar import LinearAR
 from app.monitoring.alarms import AlarmPolicy
-from app.monitoring.monitor import MonitorConfig
+from app.monitoring.config import MonitorConfig
 from app.series import Series, read_csv, write_csv
 from app.simulation.twin import simulate_series
 

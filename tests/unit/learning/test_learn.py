@@ -11,7 +11,7 @@ from app.forecasting.lagged import fit_channel
 from app.learning import thresholds
 from app.learning.learn import LearnedModel, learn, sample_period, seasonal_periods
 from app.learning.thresholds import RMS_LONG_WINDOW, RMS_WINDOW
-from app.monitoring.monitor import MonitorConfig, RollingRMSConfig
+from app.monitoring.config import MonitorConfig, RollingRMSConfig
 from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from app.learning.learn import LearnedModel, learn
+from app.monitoring.config import MahalanobisConfig
 from app.monitoring.incidents import incident_spans
-from app.monitoring.monitor import MahalanobisConfig
 from app.schemas import MAX_CHANNELS
 from app.streams.blocks import Readings
 from app.streams.learning import monitor_revising

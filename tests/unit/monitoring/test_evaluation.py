@@ -10,6 +10,7 @@ from app.forecasting.base import Forecaster
 from app.forecasting.linear_ar import LinearAR
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
 from app.monitoring.calibration import HoldOut, calibrate_margins
+from app.monitoring.config import MonitorConfig, PointConfig
 from app.monitoring.evaluation import (
     MonitoredRecord,
     normal_day_false_alarms,
@@ -17,7 +18,7 @@ from app.monitoring.evaluation import (
     stream_record,
 )
 from app.monitoring.incidents import alarm_spans, incident_spans
-from app.monitoring.monitor import Monitor, MonitorConfig, PointConfig
+from app.monitoring.monitor import Monitor
 from app.monitoring.plots import plot_record
 from app.monitoring.workflow import WATCH_ONLY
 from app.registry import SHIPPED_MODELS_DIR

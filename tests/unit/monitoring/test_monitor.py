@@ -8,17 +8,16 @@ import pytest
 
 from app.errors import ArtifactError, DataError
 from app.monitoring.alarms import AlarmEvent, AlarmPolicy
-from app.monitoring.monitor import (
+from app.monitoring.config import (
     CusumConfig,
     LevelConfig,
     MahalanobisConfig,
-    Monitor,
     MonitorConfig,
-    MonitorState,
     PointConfig,
     RollingRMSConfig,
     VarianceFloorConfig,
 )
+from app.monitoring.monitor import Monitor, MonitorState
 
 
 def config(channels: int = 1, policy: AlarmPolicy | None = None) -> MonitorConfig:

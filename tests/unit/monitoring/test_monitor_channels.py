@@ -8,15 +8,15 @@ import pytest
 from pydantic import ValidationError
 
 from app.monitoring.alarms import AlarmPolicy
-from app.monitoring.monitor import (
+from app.monitoring.config import (
     MahalanobisConfig,
     MissingConfig,
-    Monitor,
     MonitorConfig,
     PointConfig,
     ShiftConfig,
     VarianceFloorConfig,
 )
+from app.monitoring.monitor import Monitor
 
 
 def monitor(*detectors: object, channels: int = 3) -> Monitor:

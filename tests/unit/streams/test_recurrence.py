@@ -18,8 +18,8 @@ from app.forecasting.stateful_lstm import StatefulLSTMForecaster
 from app.forecasting.training import TrainingConfig
 from app.monitoring.alarms import AlarmEvent
 from app.monitoring.calibration import HoldOut, calibrate_margins
+from app.monitoring.config import MISSING_READINGS, MonitorConfig, PointConfig
 from app.monitoring.evaluation import stream_record
-from app.monitoring.monitor import MISSING_READINGS, MonitorConfig, PointConfig
 from app.series import Series
 from app.streams.blocks import Readings, StreamResult
 from app.streams.recurrence import Recurrence

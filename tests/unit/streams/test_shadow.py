@@ -3,7 +3,7 @@ from __future__ import annotations
 import numpy as np
 
 from app.forecasting.baselines import Naive
-from app.monitoring.monitor import MonitorConfig, PointConfig
+from app.monitoring.config import MonitorConfig, PointConfig
 from app.streams.blocks import Readings
 from app.streams.recurrence import Recurrence
 from app.streams.shadow import run
