@@ -8,14 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query, Response, status
 
 from app.api.bodies import JobBody, json_body_openapi
-from app.api.deps import ReadAccess, SessionDep, SingleQueryValues, StateDep, WriteAccess, utcnow
+from app.api.deps import ReadAccess, SessionDep, SingleQueryValues, StateDep, WriteAccess
 from app.api.queries import LimitQuery, StreamQuery
-from app.errors import ConflictError, DataError
-from app.registry import AUTO
 from app.schemas import STREAM_ID_PATTERN, JobIn, JobList, JobOut, problem_responses
-from app.storage.models import LEARNER_JOBS
+from app.service import jobs
 from app.storage.repositories import jobs as job_repo
-from app.storage.repositories import streams as stream_repo
 
 router = APIRouter(tags=["jobs"], dependencies=[ReadAccess, SingleQueryValues])
 
@@ -51,23 +48,7 @@ def create_job(
     For a stream of model "auto" the candidate is a version of its learned models
     (`auto.<stream id>`): a recalibration fits its detectors' thresholds again on the period,
     a retrain learns the stream afresh from it."""
-    stream = stream_repo.require(session, stream_id)
-    if stream.model_name == AUTO and stream.model_version is None:
-        raise ConflictError(
-            f"stream {stream_id!r} is still learning: a job works on the model it learns",
-            stream=stream_id,
-        )
-    if stream.model_name == AUTO and body.epochs is not None:
-        raise DataError(
-            f"stream {stream_id!r} learns its own model, which has no epochs: leave them out",
-            stream=stream_id,
-        )
-    if not stream.sample_count and state.streams.position(stream_id) in (None, (0, None)):
-        raise DataError(f"stream {stream_id!r} has no readings to work on", stream=stream_id)
-    job = job_repo.create(
-        session, stream_id=stream_id, kind=body.kind, params=body.params(), now=utcnow()
-    )
-    state.streams.on_end(session, commit=state.jobs.wake)
+    job = jobs.queue(state, session, stream_id, body)
     response.headers["Location"] = f"/v1/jobs/{job.id}"
     return JobOut.of(job)
 
@@ -117,15 +98,4 @@ def get_job(job_id: JobIdPath, session: SessionDep) -> JobOut:
 def cancel_job(job_id: JobIdPath, session: SessionDep, state: StateDep) -> JobOut:
     """A running job's process is ended; it makes no version. A finished job cannot be
     cancelled (409), nor a learning stream's fit or revision (kinds `learn`, `revise`)."""
-    job = job_repo.require(session, job_id)
-    if job.kind in LEARNER_JOBS:
-        raise ConflictError(
-            f"job {job_id} is a learning stream's {job.kind}: the service runs it to its end",
-            job=job_id,
-        )
-    if not job_repo.move(
-        session, job_id, to="cancelled", when=("queued", "running"), finished_at=utcnow()
-    ):
-        raise ConflictError(f"job {job_id} has {job.phase} already", job=job_id)
-    state.streams.on_end(session, commit=lambda: state.jobs.cancel(job_id))
-    return JobOut.of(job_repo.require(session, job_id))
+    return jobs.cancel(state, session, job_id)

@@ -19,9 +19,7 @@ from app.api.deps import (
     SingleQueryValues,
     StateDep,
 )
-from app.api.jobs import create_job
 from app.api.queries import CursorQuery
-from app.api.shadows import compared
 from app.api.streams import switch_model
 from app.errors import AppError, DataError
 from app.schemas import (
@@ -31,6 +29,8 @@ from app.schemas import (
     ModelChoice,
     StreamOut,
 )
+from app.service import jobs
+from app.service.shadows import compared
 from app.service.streams import described, stream_page
 from app.storage.models import Stream
 from app.storage.repositories import alarms as alarm_repo
@@ -216,7 +216,7 @@ def confirm_new_normal(
             raise DataError(
                 "Give the moment the new normal began, as a date and time (UTC)."
             ) from None
-        create_job(stream_id, body, session, state, Response())
+        jobs.queue(state, session, stream_id, body)
         return None
 
     return _change_stream(request, session, state, stream_id, token, "Learning a new normal", queue)
