@@ -25,7 +25,7 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("metrics", ("prometheus_client/", "app/metrics.py")),
     ("forecaster (ONNX Runtime)", ("app/forecasting/", "onnxruntime/")),
     ("detectors, alarm rules", ("app/monitoring/",)),
-    ("recurrence bookkeeping", ("app/streams/recurrence.py",)),
+    ("recurrence bookkeeping", ("app/streams/recurrence.py", "app/streams/blocks.py")),
     (
         "live streams: hold, restore",
         ("app/streams/live.py", "app/streams/held.py", "app/streams/kinds.py"),

@@ -1,7 +1,7 @@
 """The built-in twin with no trained model: a stream of model "auto" (with the reference
 sensor) learns from one hour of clean readings, then meets the lab record's four faults and a
 clean simulated day. The service's own code: `learn`, then `monitor_revising` (the replay
-`LiveStreams.adopt` runs, thresholds revised as `Learner.revise` does).
+`handover.adopt` runs, thresholds revised as `Learner.revise` does).
 
     .venv/bin/python bench/twin_auto.py [--seed-lab 0] [--seed-day 1] [--lstm]
 

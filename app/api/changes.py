@@ -4,8 +4,9 @@ that exists), its model version (a switch, a promotion, a roll-back) and its del
 The worker holding a stream holds its state, and its readings wait in order in the stream's
 partition: a change made beside them would race them. So an API process on the bus publishes
 the change to that partition, after the readings sent before it and before those sent after;
-the worker, taking it in its turn, runs the same operation the embedded service runs (under
-the partition's fence: app/bus/changes.py) and answers with what it answered."""
+the worker, taking it in its turn, runs the same operation the embedded service runs
+(app/bus/changes.py), under the partition's fence (app/bus/worker.py), and answers with what it
+answered."""
 
 from __future__ import annotations
 

@@ -42,9 +42,9 @@ from app.streams.saved import MAGIC as SAVED_MAGIC
 from app.streams.saved import SavedState
 
 STATE_VERSION = 3
-"""The checkpoints this release writes (`app/streams/saved.py`); it reads those of version 2
-(JSON) too."""
-READABLE_STATE_VERSIONS = (2, 3)
+"""The checkpoints this release writes (`app/streams/saved.py`); it reads those of versions 1
+and 2 (JSON: `app/streams/legacy.py`) too."""
+READABLE_STATE_VERSIONS = (1, 2, 3)
 DEFAULT_MAX_GAP = 10
 """Nulls in a row, and sample periods of silence, after which a stream warms up again."""
 

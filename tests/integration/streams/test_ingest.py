@@ -5,6 +5,7 @@ alone."""
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -219,6 +220,39 @@ def test_a_clean_stop_checkpoints_every_stream_that_moved(database: Database, mo
     fresh = Service(database, models)  # as at the next start: nothing to replay
     assert fresh.streams.restore_all() == []
     assert fresh.position("p") == (80, reading_repo.micro(reading(0, 79).t))
+
+
+def test_a_checkpoint_twinwatch_0_1_saved_resumes(database: Database, models: Path) -> None:
+    """A checkpoint row of twinwatch 0.1 (state version 1: its window of readings as JSON) is
+    restored, not refused: the stream goes on from the readings it had seen."""
+    service = Service(database, models)
+    service.create("p")
+    residuals(service, "p", [80])
+    assert service.streams.checkpoint_all() == 1
+    live = next(live for live in service.streams.live_streams() if live.stream_id == "p")
+    state, monitor = live.state, live.recurrence.monitor
+    window = state.history[-live.recurrence.window :]
+    old = {
+        "version": 1,
+        "samples": state.samples,
+        "window": window.ravel().tolist(),
+        "imputed": [False] * len(window),
+        "missing_run": 0,
+        "pending": [None if np.isnan(x) else float(x) for x in state.pending],
+        "monitor": monitor.state_to_json(state.monitor),
+        "last_forecast": None,
+        "last_residual": None,
+        "last_statistics": {},
+    }
+    with database.session() as session:
+        row = checkpoints.get(session, "p")
+        assert row is not None
+        row.state, row.state_version = json.dumps(old).encode(), 1
+    fresh = Service(database, models)
+    assert fresh.streams.restore_all() == []
+    assert fresh.position("p") == (80, reading_repo.micro(reading(0, 79).t))
+    fresh.ingest([("p", batch(80, 10))])
+    assert fresh.position("p") == (90, reading_repo.micro(reading(0, 89).t))
 
 
 def test_a_stop_writes_many_streams_a_statement_each_as_it_would_alone(

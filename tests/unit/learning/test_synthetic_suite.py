@@ -3,7 +3,7 @@ false-alarm budget on its own clean continuation, catches a spike, a level shift
 and a variance change, and keeps a sustained fault one incident for as long as it lasts.
 
 Everything runs the service's own code: `learn` for the fit and `replay` (the recurrence, with
-the learning readings silent) for the readings, as `LiveStreams.adopt` runs them.
+the learning readings silent) for the readings, as `handover.adopt` runs them.
 
 Statistical slack: the budget is 1 false alarm a day; a clean continuation of ten learning
 periods is hours to weeks long, and a case may raise at most what a Poisson count with the
