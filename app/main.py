@@ -38,6 +38,7 @@ from app.registry import (
 from app.schemas import Problem
 from app.service.engine import open_engine, resume_behind
 from app.service.readings import check_size, commit_readings
+from app.service.streams import create_missing
 from app.settings import Settings
 from app.streams.handover import schedule_relearning
 from app.streams.stale import StaleWatch
@@ -101,7 +102,20 @@ def mqtt_ingest(
         max_batch=settings.max_batch,
         registry=state.metrics.registry,
         gone=None if watch is None else watch.declare,
+        announce=partial(_announce, state) if settings.mqtt_create_streams else None,
     )
+
+
+def _announce(state: AppState, items: Items) -> None:
+    """A Sparkplug birth's streams made if missing, their channels the metrics it names."""
+    wanted = [
+        (stream_id, list(dict.fromkeys(n for r in readings for n in r.values or {})))
+        for stream_id, readings in items
+    ]
+    with state.database.session() as session:
+        made = create_missing(state, session, wanted)
+    if made:
+        log.info("MQTT: a Sparkplug birth made stream(s) %s, learning", ", ".join(made))
 
 
 def create_app(

@@ -143,6 +143,13 @@ class Settings(BaseSettings):
         "subscription, and what arrives while the service is away) under it. Two services on "
         "one broker need two ids.",
     )
+    mqtt_create_streams: bool = Field(
+        True,
+        description="A Sparkplug B birth (NBIRTH, DBIRTH) of a device no stream names yet creates "
+        "its stream, one that learns its own model (model auto), its numeric metrics as channels. "
+        "false: streams are configured over the API only, and a birth of an unknown one is "
+        "refused as any message for an unknown stream.",
+    )
     max_batch: int = Field(
         10_000,
         ge=1,

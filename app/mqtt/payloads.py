@@ -11,7 +11,8 @@ id, readings), by the rule the README states. No network here.
   `_`). A birth (`NBIRTH`, `DBIRTH`) names the metrics that data messages (`NDATA`, `DDATA`)
   give by alias; the metrics of one timestamp are one reading. Only numbers are readings
   (integers, floats, doubles; a null metric is a missing value); booleans and strings are
-  left out. `NDEATH` and `DDEATH` mean the sender is gone: its streams are stale (a node's:
+  left out. A birth of a device no stream names makes its stream (the subscriber's
+  `announce`). `NDEATH` and `DDEATH` mean the sender is gone: its streams are stale (a node's:
   every stream named `<group>.<edge node>` or under it).
 """
 

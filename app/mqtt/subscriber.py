@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from app.errors import AppError, NotFoundError
 from app.mqtt import sparkplug
-from app.mqtt.payloads import DEATHS, Items, PayloadError, Sparkplug, plain_json
+from app.mqtt.payloads import BIRTHS, DEATHS, Items, PayloadError, Sparkplug, plain_json
 from app.service.readings import request_size
 from app.storage.db import UNAVAILABLE
 
@@ -56,6 +56,10 @@ of UNAVAILABLE (or a 503 AppError) while it cannot."""
 Gone = Callable[[Callable[[str], bool]], object]
 """Marks stale now the streams a test picks (a Sparkplug death)."""
 
+Announce = Callable[[Items], object]
+"""Creates those of a Sparkplug birth's streams that do not exist yet (their channels: the
+metrics its readings name); raises as `Commit` does."""
+
 
 class _StoppingError(Exception):
     """The service stops while what is in hand cannot be taken: it stays unacknowledged."""
@@ -70,14 +74,15 @@ class _Message:
     connection: int  # which connection delivered it: an acknowledgement goes back on that one
     items: Items = field(default_factory=list)
     died: sparkplug.Topic | None = None  # a death: its streams stale, in its turn
+    born: bool = False  # a Sparkplug birth: its streams announced before its readings
     read: bool = False  # (once: a retried batch does not parse it again)
     refusal: tuple[str, str] | None = None  # why it holds nothing to take: (cause, detail)
 
 
 class MqttIngest:
     """The subscriber: start() connects (and reconnects, by itself) and takes messages until
-    stop(). `gone` marks streams stale (a Sparkplug death); `max_bytes` and `max_batch` bound
-    a message as a request is bounded."""
+    stop(). `gone` marks streams stale (a Sparkplug death), `announce` makes a birth's streams;
+    `max_bytes` and `max_batch` bound a message as a request is bounded."""
 
     def __init__(
         self,
@@ -90,6 +95,7 @@ class MqttIngest:
         max_batch: int,
         registry: CollectorRegistry,
         gone: Gone | None = None,
+        announce: Announce | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme not in ("mqtt", "tcp") or not parts.hostname:
@@ -100,6 +106,7 @@ class MqttIngest:
         self.max_bytes = max_bytes
         self.max_batch = max_batch
         self.gone = gone
+        self.announce = announce
         self.sparkplug = Sparkplug()
         self.messages = Counter(
             "twinwatch_mqtt_messages",
@@ -248,7 +255,7 @@ class MqttIngest:
                 self._read(message)
                 mine = {stream_id for stream_id, _ in message.items}
                 count = request_size(message.items)
-                alone = message.refusal is not None or message.died is not None
+                alone = message.refusal is not None or message.died is not None or message.born
                 if run and (alone or not streams.isdisjoint(mine) or size + count > self.max_batch):
                     break
                 run.append(message)
@@ -260,6 +267,8 @@ class MqttIngest:
                 self._refused(run[0], *run[0].refusal)
             elif len(run) == 1 and run[0].died is not None:
                 self._died(run[0])
+            elif len(run) == 1 and run[0].born and not self._announced(run[0]):
+                pass  # (refused: the stream could not be made)
             else:
                 self._commit_run(run)
             del batch[: len(run)]
@@ -290,6 +299,7 @@ class MqttIngest:
                 return None
             else:
                 message.items = self.sparkplug.read(topic, message.payload)
+                message.born = topic.kind in BIRTHS
         except PayloadError as exc:
             if exc.reason == "no_birth" and topic is not None:
                 self._ask_rebirth(topic)
@@ -313,6 +323,16 @@ class MqttIngest:
             if not isinstance(reason, str):
                 reason = "unknown_stream" if isinstance(error, NotFoundError) else "refused"
             self._refused(run[0], reason, error.detail)
+
+    def _announced(self, message: _Message) -> bool:
+        """The birth's streams made if they are missing (`announce`); False if refused."""
+        announce = self.announce
+        if announce is None:
+            return True
+        error = self._until_done(lambda: announce(message.items))
+        if error is not None:
+            self._refused(message, "refused", error.detail)
+        return error is None
 
     def _died(self, message: _Message) -> None:
         assert message.died is not None

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from app.errors import AppError, ConflictError, DataError
@@ -261,6 +262,27 @@ def configure_many(
             live = state.streams.read(session, stream)
             state.streams.on_end(session, commit=partial(state.streams.learn_if_due, live))
     return StreamsConfigured(created=created, updated=list(existing))
+
+
+def create_missing(
+    state: ServiceState, session: Session, wanted: list[tuple[str, list[str]]]
+) -> list[str]:
+    """The streams of `wanted` (id, channels) that do not exist yet, created as streams that
+    learn their own model (as a PUT with `"model": "auto"` and those channels makes them; the
+    same checks). Returns the ids it made."""
+    existing = {stream.id for stream in stream_repo.get_many(session, [i for i, _ in wanted])}
+    configs = []
+    for stream_id, channels in wanted:
+        if stream_id in existing:
+            continue
+        try:
+            config = StreamConfig.model_validate({"model": AUTO, "channels": channels})
+        except ValidationError as exc:
+            raise DataError(f"stream {stream_id!r}: {exc.errors()[0]['msg']}") from None
+        configs.append((stream_id, config))
+    if not configs:
+        return []
+    return configure_many(state, session, configs, create_only=True).created
 
 
 @contextmanager

@@ -216,6 +216,51 @@ def test_a_sparkplug_node_s_births_name_its_data_and_its_death_makes_its_streams
         listener.disconnect()
 
 
+def test_a_sparkplug_birth_of_an_unknown_device_makes_its_stream(
+    make_client: AppFactory, broker: Mosquitto, publisher: Publisher, database: Database
+) -> None:
+    """A device's birth makes the stream it names, learning, with its numeric metrics as
+    channels; its data follows. Metrics past what a stream takes are refused, once, and the
+    service goes on."""
+    client = _service(make_client, broker)
+    t0 = int(epoch_times(0, 1)[0] * 1000)
+    metrics = {"flow": 1.0, "Motor/temp": 40.0}
+    publisher.publish(
+        "spBv1.0/plant/DBIRTH/edge-2/pump-9", sparkplug.encode(t0, metrics, birth=True)
+    )
+    for i in range(1, 20):
+        values = {"flow": 1.0 + 0.01 * i, "Motor/temp": 40.0 + 0.1 * i}
+        publisher.publish(
+            "spBv1.0/plant/DDATA/edge-2/pump-9", sparkplug.encode(t0 + 100 * i, values, seq=i)
+        )
+    too_many = {f"m{i}": float(i) for i in range(200)}
+    publisher.publish(
+        "spBv1.0/plant/DBIRTH/edge-2/wide", sparkplug.encode(t0, too_many, birth=True)
+    )
+    publisher.wait_published()
+    until(lambda: _count(database, "plant.edge-2.pump-9") == 20, "the device's readings")
+    until(lambda: _outcomes(client).get("refused") == 1, "the wide device was not refused")
+    made = client.get("/v1/streams/plant.edge-2.pump-9").json()
+    assert (made["model"], made["channels"], made["phase"]) == (
+        "auto",
+        ["flow", "Motor.temp"],
+        "learning",
+    )
+    assert client.get("/v1/streams/plant.edge-2.wide").status_code == 404
+
+
+def test_with_stream_making_off_a_birth_of_an_unknown_device_is_refused(
+    make_client: AppFactory, broker: Mosquitto, publisher: Publisher
+) -> None:
+    client = _service(make_client, broker, mqtt_create_streams=False)
+    t0 = int(epoch_times(0, 1)[0] * 1000)
+    birth = sparkplug.encode(t0, {"flow": 1.0}, birth=True)
+    publisher.publish("spBv1.0/plant/DBIRTH/edge-3/pump-1", birth)
+    publisher.wait_published()
+    until(lambda: _outcomes(client).get("unknown_stream") == 1, "the birth was not refused")
+    assert client.get("/v1/streams/plant.edge-3.pump-1").status_code == 404
+
+
 def test_the_twin_publishes_over_mqtt_and_its_spike_is_an_alarm(
     make_client: AppFactory, broker: Mosquitto, database: Database
 ) -> None:
