@@ -5,7 +5,6 @@ alone."""
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,6 +27,7 @@ from app.streams import live as live_module
 from app.streams.handover import Target
 from app.streams.ingest import IngestOutcome, ingest
 from app.streams.live import LiveStreams
+from tests.support.checkpoints import twinwatch_0_1
 from tests.support.models import calibrated_lab_model, lab_series, stateful_lab_model
 
 T0 = datetime(2025, 1, 1, tzinfo=UTC)
@@ -230,24 +230,11 @@ def test_a_checkpoint_twinwatch_0_1_saved_resumes(database: Database, models: Pa
     residuals(service, "p", [80])
     assert service.streams.checkpoint_all() == 1
     live = next(live for live in service.streams.live_streams() if live.stream_id == "p")
-    state, monitor = live.state, live.recurrence.monitor
-    window = state.history[-live.recurrence.window :]
-    old = {
-        "version": 1,
-        "samples": state.samples,
-        "window": window.ravel().tolist(),
-        "imputed": [False] * len(window),
-        "missing_run": 0,
-        "pending": [None if np.isnan(x) else float(x) for x in state.pending],
-        "monitor": monitor.state_to_json(state.monitor),
-        "last_forecast": None,
-        "last_residual": None,
-        "last_statistics": {},
-    }
+    old = twinwatch_0_1(live.state, live.recurrence.monitor, live.recurrence.window)
     with database.session() as session:
         row = checkpoints.get(session, "p")
         assert row is not None
-        row.state, row.state_version = json.dumps(old).encode(), 1
+        row.state, row.state_version = old, 1
     fresh = Service(database, models)
     assert fresh.streams.restore_all() == []
     assert fresh.position("p") == (80, reading_repo.micro(reading(0, 79).t))

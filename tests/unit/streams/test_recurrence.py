@@ -24,6 +24,7 @@ from app.series import Series
 from app.streams.blocks import Readings, StreamResult
 from app.streams.recurrence import Recurrence
 from app.streams.saved import SavedState
+from tests.support.checkpoints import twinwatch_0_1
 
 PERIOD = 0.1
 T0 = 1_700_000_000_000_000  # microseconds
@@ -335,19 +336,8 @@ def test_a_checkpoint_of_twinwatch_0_1_still_resumes(recurrence: Recurrence, lab
     advance(recurrence, [state], lab, [(0, 0, 700)])
     monitor = recurrence.monitor
     window = state.history[-recurrence.window :]
-    saved = {
-        "version": 1,
-        "samples": state.samples,
-        "window": window.ravel().tolist(),
-        "imputed": [False] * len(window),
-        "missing_run": 0,
-        "pending": [None if np.isnan(x) else float(x) for x in state.pending],
-        "monitor": monitor.state_to_json(state.monitor),
-        "last_forecast": 0.1,
-        "last_residual": 0.2,
-        "last_statistics": {},
-    }
-    resumed = recurrence.restore(json.dumps(saved).encode(), state.last_time)
+    saved = twinwatch_0_1(state, monitor, recurrence.window, last_forecast=0.1, last_residual=0.2)
+    resumed = recurrence.restore(saved, state.last_time)
     assert resumed.samples == state.samples
     assert resumed.run == min(len(window), recurrence.window)  # (the readings it kept)
     np.testing.assert_array_equal(resumed.history[-len(window) :], window)
